@@ -1,0 +1,41 @@
+"""kaisa_ds: distributed K-FAC (KAISA) gradient preconditioning for PyTorch and DeepSpeed.
+
+``KFACPreconditioner`` works with any torch optimizer, single-process or under ``torch.distributed``;
+``initialize`` is a drop-in for ``deepspeed.initialize`` that reads the config's ``kfac`` section.
+Heavy modules (DeepSpeed) are imported lazily so ``import kaisa_ds`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kaisa_ds.config import KFACConfig
+from kaisa_ds.enums import ComputeMethod, DistributedStrategy, LossReduction
+from kaisa_ds.schedules import StepSchedule
+
+if TYPE_CHECKING:
+    from kaisa_ds.engine.deepspeed_engine import initialize
+    from kaisa_ds.preconditioner import KFACPreconditioner
+
+__all__ = [
+    "ComputeMethod",
+    "DistributedStrategy",
+    "KFACConfig",
+    "KFACPreconditioner",
+    "LossReduction",
+    "StepSchedule",
+    "initialize",
+]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "KFACPreconditioner":
+        from kaisa_ds.preconditioner import KFACPreconditioner
+
+        return KFACPreconditioner
+    if name == "initialize":
+        from kaisa_ds.engine.deepspeed_engine import initialize
+
+        return initialize
+    raise AttributeError(f"module 'kaisa_ds' has no attribute {name!r}")

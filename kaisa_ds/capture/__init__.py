@@ -1,0 +1,1 @@
+"""Capture: module hooks that hand layer inputs and output gradients to the factor statistics."""

@@ -1,0 +1,1 @@
+"""Factor decompositions (eigen or damped inverse), always computed in FP32 or FP64."""

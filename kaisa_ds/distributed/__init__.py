@@ -1,0 +1,1 @@
+"""KAISA distribution: which rank decomposes what, process groups, and bucketed collectives."""

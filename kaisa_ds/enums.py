@@ -1,0 +1,48 @@
+"""Enum-like options. Each enum also accepts its string value (case-insensitive), as kfac-pytorch does."""
+
+from __future__ import annotations
+
+import enum
+from typing import TypeVar
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+class ComputeMethod(str, enum.Enum):
+    """How a layer's Kronecker factors are turned into a preconditioner."""
+
+    EIGEN = "eigen"
+    INVERSE = "inverse"
+
+
+class DistributedStrategy(str, enum.Enum):
+    """KAISA's named points on the memory/communication trade-off (grad_worker_fraction)."""
+
+    COMM_OPT = "comm-opt"  # fraction 1: every rank holds every decomposition
+    HYBRID_OPT = "hybrid-opt"  # fraction 1/2 (when the world size allows it)
+    MEM_OPT = "mem-opt"  # fraction 1/world: one rank per layer preconditions and broadcasts
+
+
+class LossReduction(str, enum.Enum):
+    """How the training loss was reduced over samples; sets the per-sample scaling of output gradients.
+
+    ``mean``: the loss is averaged over the micro-batch (and divided by the number of accumulation
+    passes); output gradients are multiplied by the micro-batch size and by the number of passes.
+    ``sum``: the loss is summed over samples; output gradients are already per-sample.
+    """
+
+    MEAN = "mean"
+    SUM = "sum"
+
+
+def parse_enum(enum_cls: type[E], value: E | str, *, name: str) -> E:
+    """Return ``value`` as a member of ``enum_cls``; raise ValueError naming ``name`` and the choices."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().lower().replace("_", "-")
+        for member in enum_cls:
+            if str(member.value).lower().replace("_", "-") == key:
+                return member
+    choices = ", ".join(repr(m.value) for m in enum_cls)
+    raise ValueError(f"{name}={value!r} is not valid; allowed values: {choices}")

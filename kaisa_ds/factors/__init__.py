@@ -1,0 +1,1 @@
+"""Kronecker factors: per-module second-moment statistics and their running averages."""

@@ -1,0 +1,156 @@
+"""Per-module-type K-FAC math: which statistics a module yields and how its gradient is a matrix.
+
+The gradient matrix is ``(out, in)`` with the bias as an extra input column: ``[∇W | ∇b]``.
+For ``nn.Embedding`` the input is a one-hot over the vocabulary, so ``in`` is the vocabulary,
+``out`` is the embedding width, and the matrix is ``∇Wᵀ``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from kaisa_ds.factors import statistics as st
+
+
+class GradAccessor(Protocol):
+    """Where a parameter's full, rank-averaged (possibly loss-scaled) gradient is read and written."""
+
+    def get(self, param: nn.Parameter) -> torch.Tensor | None: ...
+
+    def set(self, param: nn.Parameter, grad: torch.Tensor) -> None: ...
+
+
+class ParamGradAccessor:
+    """The default accessor: ``param.grad``."""
+
+    def get(self, param: nn.Parameter) -> torch.Tensor | None:
+        return param.grad
+
+    def set(self, param: nn.Parameter, grad: torch.Tensor) -> None:
+        if param.grad is None:
+            param.grad = grad.to(param.dtype)
+        else:
+            param.grad.copy_(grad)
+
+
+class ModuleHelper:
+    """Statistics and gradient-matrix views of one supported module."""
+
+    diagonal_a = False
+    g_channels_dim = -1
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    @property
+    def weight(self) -> nn.Parameter:
+        return self.module.weight  # type: ignore[return-value]
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return getattr(self.module, "bias", None)
+
+    @property
+    def a_dim(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def g_dim(self) -> int:
+        return int(self.weight.shape[0])
+
+    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        raise NotImplementedError
+
+    def g_statistic(self, grad_out: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim)
+
+    def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
+        """``[∇W | ∇b]`` as (out, in) in FP32, or None when the weight has no gradient."""
+        gw = accessor.get(self.weight)
+        if gw is None:
+            return None
+        mat = gw.reshape(gw.shape[0], -1).float()
+        bias = self.bias
+        if bias is not None:
+            gb = accessor.get(bias)
+            gb = torch.zeros(mat.shape[0], device=mat.device) if gb is None else gb.float()
+            mat = torch.cat([mat, gb.reshape(-1, 1)], dim=1)
+        return mat
+
+    def write_grad(self, accessor: GradAccessor, mat: torch.Tensor) -> None:
+        """Write a (out, in) matrix back as the weight (and bias) gradients in their own dtype."""
+        weight, bias = self.weight, self.bias
+        w_cols = mat.shape[1] - (1 if bias is not None else 0)
+        accessor.set(weight, mat[:, :w_cols].reshape(weight.shape).to(weight.dtype))
+        if bias is not None:
+            accessor.set(bias, mat[:, w_cols].reshape(bias.shape).to(bias.dtype))
+
+
+class LinearHelper(ModuleHelper):
+    @property
+    def a_dim(self) -> int:
+        return int(self.weight.shape[1]) + (1 if self.bias is not None else 0)
+
+    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return st.linear_input_sum(inp, has_bias=self.bias is not None)
+
+
+class Conv2dHelper(ModuleHelper):
+    g_channels_dim = 1
+
+    @property
+    def a_dim(self) -> int:
+        w = self.weight
+        return int(w.shape[1] * w.shape[2] * w.shape[3]) + (1 if self.bias is not None else 0)
+
+    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return st.conv2d_input_sum(inp, self.module)  # type: ignore[arg-type]
+
+
+class EmbeddingHelper(ModuleHelper):
+    diagonal_a = True
+
+    @property
+    def a_dim(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def g_dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def bias(self) -> nn.Parameter | None:
+        return None
+
+    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return st.embedding_input_sum(inp, self.a_dim)
+
+    def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
+        gw = accessor.get(self.weight)
+        return None if gw is None else gw.float().t()
+
+    def write_grad(self, accessor: GradAccessor, mat: torch.Tensor) -> None:
+        accessor.set(self.weight, mat.t().to(self.weight.dtype))
+
+
+HELPERS: dict[type[nn.Module], Callable[[nn.Module], ModuleHelper]] = {
+    nn.Linear: LinearHelper,
+    nn.Conv2d: Conv2dHelper,
+    nn.Embedding: EmbeddingHelper,
+}
+
+
+def helper_for(module: nn.Module) -> ModuleHelper | None:
+    """The helper for a supported module type (exact type or subclass), else None."""
+    for cls, make in HELPERS.items():
+        if isinstance(module, cls):
+            if isinstance(module, nn.Conv2d) and module.groups != 1:
+                return None
+            if isinstance(module, nn.Embedding) and module.sparse:
+                return None
+            return make(module)
+    return None

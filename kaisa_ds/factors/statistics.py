@@ -1,0 +1,48 @@
+"""Second-moment statistics of layer inputs (A) and output gradients (G), as (sum, sample count).
+
+Every leading position of a tensor is a sample (a token of a transformer, a pixel of a conv map),
+so each function flattens to ``(samples, features)`` and returns ``Xᵀ X`` in FP32 with the count.
+Returning sums rather than means lets micro-batches of different sizes accumulate exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False) -> tuple[torch.Tensor, int]:
+    """``Σ x xᵀ`` over the rows of a (samples, features) matrix, computed in FP32."""
+    x = rows.detach().to(torch.float32)
+    if append_ones:
+        x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
+    return x.t() @ x, x.shape[0]
+
+
+def linear_input_sum(x: torch.Tensor, *, has_bias: bool) -> tuple[torch.Tensor, int]:
+    """A-statistic of an ``nn.Linear`` input of any rank; the bias adds a column of ones."""
+    return second_moment_sum(x.reshape(-1, x.shape[-1]), append_ones=has_bias)
+
+
+def conv2d_input_sum(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, int]:
+    """A-statistic of an ``nn.Conv2d`` input from its extracted patches (one sample per output position)."""
+    if isinstance(conv.padding, str):
+        raise ValueError(f"Conv2d padding={conv.padding!r} is not supported by K-FAC; use numeric padding")
+    patches = F.unfold(x.detach(), conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
+                       stride=conv.stride)  # (B, C*kh*kw, L)
+    rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
+    return second_moment_sum(rows, append_ones=conv.bias is not None)
+
+
+def embedding_input_sum(ids: torch.Tensor, num_embeddings: int) -> tuple[torch.Tensor, int]:
+    """Diagonal A-statistic of an ``nn.Embedding``: one-hot inputs make ``Σ a aᵀ`` the token counts."""
+    flat = ids.detach().reshape(-1)
+    counts = torch.bincount(flat, minlength=num_embeddings).to(torch.float32)
+    return counts, flat.numel()
+
+
+def output_grad_sum(grad: torch.Tensor, *, channels_dim: int = -1) -> tuple[torch.Tensor, int]:
+    """G-statistic of an output gradient; conv maps put channels on dim 1."""
+    g = grad.movedim(channels_dim, -1) if channels_dim != -1 else grad
+    return second_moment_sum(g.reshape(-1, g.shape[-1]))

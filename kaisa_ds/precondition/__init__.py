@@ -1,0 +1,1 @@
+"""Preconditioning math: applying decompositions to gradient matrices, and KL-clip scaling."""

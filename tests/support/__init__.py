@@ -1,0 +1,1 @@
+"""Shared test fixtures: tiny models and multi-process launch helpers."""

@@ -1,0 +1,49 @@
+"""Tiny models used across the test suite."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class TinyMLP(nn.Module):
+    """Two Linear layers (one without bias) on 2-D inputs."""
+
+    def __init__(self, d_in: int = 6, d_hidden: int = 8, d_out: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.act = nn.Tanh()
+        self.fc2 = nn.Linear(d_hidden, d_out, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class TinyTransformerish(nn.Module):
+    """Embedding → q/k/v projections sharing one input → output Linear on 3-D (batch, seq, dim) tensors."""
+
+    def __init__(self, vocab: int = 11, dim: int = 6, n_out: int = 5) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.query = nn.Linear(dim, dim)
+        self.key = nn.Linear(dim, dim)
+        self.value = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, n_out)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        q, k, v = self.query(h), self.key(h), self.value(h)
+        att = torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1)
+        return self.out(att @ v + h)
+
+
+class TinyConvNet(nn.Module):
+    """Conv2d (with padding and stride) → Linear classifier."""
+
+    def __init__(self, c_in: int = 2, c_out: int = 3, n_out: int = 4) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1)
+        self.fc = nn.Linear(c_out * 4 * 4, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
