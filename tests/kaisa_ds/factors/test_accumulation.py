@@ -1,0 +1,84 @@
+"""Factors of one global batch do not depend on accumulation passes, loss scale or storage dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kaisa_ds import KFACPreconditioner
+from kaisa_ds.factors.factor import KroneckerFactor
+from tests.support.models import TinyTransformerish
+
+
+def _factors_after_one_step(passes: int, loss_scale: float = 1.0, **kwargs: object) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, loss_scale=lambda: loss_scale, kl_clip=None, **kwargs)  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(5)
+    ids, target = torch.randint(0, 11, (8, 5), generator=g), torch.randn(8, 5, 5, generator=g)
+    for ids_i, t_i in zip(ids.chunk(passes), target.chunk(passes)):
+        (F.mse_loss(model(ids_i), t_i) / passes * loss_scale).backward()
+    precond.step()
+    out = {}
+    for name, layer in precond.layers.items():
+        out[f"{name}.A"], out[f"{name}.G"] = layer.a_factor.float(), layer.g_factor.float()
+    out["grad"] = model.out.weight.grad.clone() / loss_scale
+    return out
+
+
+@pytest.mark.parametrize(("passes", "scale"), [(4, 1.0), (2, 1.0), (1, 1024.0), (4, 65536.0)])
+def test_factors_and_gradients_independent_of_passes_and_loss_scale(passes: int, scale: float) -> None:
+    ref = _factors_after_one_step(1)
+    got = _factors_after_one_step(passes, scale)
+    for key in ref:
+        torch.testing.assert_close(got[key], ref[key], rtol=1e-4, atol=1e-6, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_window_buffer_does_not_grow_with_passes() -> None:
+    f = KroneckerFactor("x", 16, diagonal=False, storage_dtype=None, scale_by_passes=False)
+    f.add(torch.eye(16), 4)
+    size = f.nbytes()
+    for _ in range(20):
+        f.add(torch.eye(16), 4)
+    assert f.nbytes() == size
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_storage_halves_factor_memory_and_stays_close(dtype: torch.dtype) -> None:
+    ref = _factors_after_one_step(1)
+    half = _factors_after_one_step(1, factor_dtype=dtype)
+    for key in ref:
+        if key != "grad":
+            torch.testing.assert_close(half[key], ref[key], rtol=2e-2, atol=1e-3)
+    torch.manual_seed(0)
+    m32, m16 = TinyTransformerish(), TinyTransformerish()
+    p32, p16 = KFACPreconditioner(m32), KFACPreconditioner(m16, factor_dtype=dtype)
+    ids = torch.randint(0, 11, (4, 5))
+    for m, p in ((m32, p32), (m16, p16)):
+        m(ids).sum().backward()
+        p.step()
+        assert all(f.value is not None and f.value.dtype == (dtype if p is p16 else torch.float32)
+                   for f in p.factors().values())
+    assert p16.memory_usage()["factors"] * 2 == p32.memory_usage()["factors"]
+
+
+def test_running_average_starts_from_first_window_then_decays() -> None:
+    f = KroneckerFactor("x", 2, diagonal=False, storage_dtype=None, scale_by_passes=False)
+    f.commit(torch.eye(2) * 4, 0.9)
+    torch.testing.assert_close(f.value, torch.eye(2) * 4)
+    f.commit(torch.eye(2) * 2, 0.9)
+    torch.testing.assert_close(f.value, torch.eye(2) * (0.9 * 4 + 0.1 * 2))
+
+
+def test_summed_loss_reduction_skips_batch_scaling() -> None:
+    mean = _factors_after_one_step(1)
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, loss_reduction="sum", kl_clip=None)
+    g = torch.Generator().manual_seed(5)
+    ids, target = torch.randint(0, 11, (8, 5), generator=g), torch.randn(8, 5, 5, generator=g)
+    # a summed loss over the 8 sequences has per-sequence gradients 8x those of the averaged loss
+    (F.mse_loss(model(ids), target, reduction="none").mean(dim=(1, 2)).sum()).backward()
+    precond.step()
+    torch.testing.assert_close(precond.layers["out"].g_factor, mean["out.G"], rtol=1e-4, atol=1e-6)

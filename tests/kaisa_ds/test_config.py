@@ -1,0 +1,82 @@
+"""KFACConfig validation: strings for enums, ranges, schedules, and JSON-section parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kaisa_ds import ComputeMethod, DistributedStrategy, KFACConfig, KFACPreconditioner, StepSchedule
+from tests.support.models import TinyMLP
+
+
+def test_strings_are_accepted_for_enums_and_dtypes() -> None:
+    cfg = KFACConfig(compute_method="INVERSE", grad_worker_fraction="mem_opt", factor_dtype="bf16", inv_dtype="fp64")
+    assert cfg.method is ComputeMethod.INVERSE
+    assert cfg.grad_worker_fraction is DistributedStrategy.MEM_OPT
+    assert cfg.storage_dtype is torch.bfloat16 and cfg.inv_dtype is torch.float64
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"damping": 0.0}, "damping"),
+        ({"factor_decay": 1.0}, "factor_decay"),
+        ({"kl_clip": -1.0}, "kl_clip"),
+        ({"factor_update_steps": 0}, "factor_update_steps"),
+        ({"inv_update_steps": 2.5}, "inv_update_steps"),
+        ({"compute_method": "cholesky"}, "compute_method"),
+        ({"grad_worker_fraction": 0.0}, "grad_worker_fraction"),
+        ({"grad_worker_fraction": "half"}, "grad_worker_fraction"),
+        ({"factor_dtype": "int8"}, "factor_dtype"),
+        ({"decomposition_dtype": "fp16"}, "decomposition_dtype"),
+        ({"skip_layers": ["("]}, "skip_layers"),
+        ({"allreduce_bucket_cap_mb": 0}, "allreduce_bucket_cap_mb"),
+        ({"loss_reduction": "max"}, "loss_reduction"),
+    ],
+)
+def test_invalid_values_name_the_argument(kwargs: dict, names: str) -> None:
+    with pytest.raises(ValueError, match=names):
+        KFACPreconditioner(TinyMLP(), **kwargs)
+
+
+def test_callable_schedules_are_range_checked_when_evaluated() -> None:
+    cfg = KFACConfig(damping=lambda step: 0.1 if step < 2 else -1.0)
+    assert cfg.value("damping", 1) == 0.1
+    with pytest.raises(ValueError, match="damping"):
+        cfg.value("damping", 2)
+
+
+def test_kl_clip_none_disables() -> None:
+    assert KFACConfig(kl_clip=None).value("kl_clip", 0) is None
+
+
+def test_from_dict_builds_step_schedules_and_rejects_unknown_keys() -> None:
+    cfg = KFACConfig.from_dict({"damping": {"initial": 0.01, "milestones": [10, 20], "factor": 0.5},
+                                "inv_update_steps": {"initial": 50, "milestones": [5], "factor": 0.5}})
+    assert isinstance(cfg.damping, StepSchedule)
+    assert [cfg.value("damping", s) for s in (0, 10, 25)] == [0.01, 0.005, 0.0025]
+    assert [cfg.value("inv_update_steps", s) for s in (0, 5)] == [50, 25]
+    with pytest.raises(ValueError, match=r"kfac: unknown key\(s\) \['dampng'\]"):
+        KFACConfig.from_dict({"dampng": 0.1})
+    with pytest.raises(ValueError, match=r"kfac\.damping\.initial"):
+        KFACConfig.from_dict({"damping": {"initial": -1}})
+    with pytest.raises(ValueError, match=r"kfac\.skip_layers"):
+        KFACConfig.from_dict({"skip_layers": 3})
+
+
+def test_grad_worker_fraction_must_divide_world() -> None:
+    from kaisa_ds.distributed.assignment import resolve_grad_workers
+
+    assert resolve_grad_workers(0.5, 4) == 2
+    assert resolve_grad_workers(DistributedStrategy.MEM_OPT, 8) == 1
+    with pytest.raises(ValueError, match="grad_worker_fraction"):
+        resolve_grad_workers(0.75, 4)  # 3 workers do not divide 4 ranks
+    with pytest.raises(ValueError, match="grad_worker_fraction"):
+        resolve_grad_workers(0.1, 4)  # below 1/world
+
+
+def test_skip_layers_match_names_and_class_names() -> None:
+    model = TinyMLP()
+    assert list(KFACPreconditioner(model, skip_layers=["fc2"]).layers) == ["fc1"]
+    with pytest.raises(ValueError, match="no trainable"):
+        KFACPreconditioner(TinyMLP(), skip_layers="Linear")
