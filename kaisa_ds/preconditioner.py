@@ -51,6 +51,7 @@ class KFACPreconditioner:
         self._comm: KAISACommunicator | None = None
         self._pending_decompositions: dict[str, Decomposition] | None = None
         self.timer = StageTimer()
+        self._capture_cache: tuple[int, bool] = (-1, False)
         self.comm_bytes: dict[str, int] = {}
         self._decompositions_stale = False
         self._unit_factors: dict[str, list[str]] = {}
@@ -62,7 +63,10 @@ class KFACPreconditioner:
 
     # ---------------------------------------------------------------- capture
     def _capturing(self) -> bool:
-        return self.steps % self.config.value("factor_update_steps", self.steps) == 0
+        """Whether the current window updates factors (cached per step: hooks ask once per layer)."""
+        if self._capture_cache[0] != self.steps:
+            self._capture_cache = (self.steps, self.steps % self.config.value("factor_update_steps", self.steps) == 0)
+        return self._capture_cache[1]
 
     def _loss_scale(self) -> float:
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0

@@ -13,11 +13,22 @@ from torch import nn
 
 
 def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False) -> tuple[torch.Tensor, int]:
-    """``Σ x xᵀ`` over the rows of a (samples, features) matrix, computed in FP32."""
+    """``Σ x xᵀ`` over the rows of a (samples, features) matrix, computed in FP32.
+
+    With ``append_ones`` the result is that of ``[x, 1]`` without materialising the extra column:
+    the border is the column sums and the corner the sample count.
+    """
     x = rows.detach().to(torch.float32)
-    if append_ones:
-        x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
-    return x.t() @ x, x.shape[0]
+    n, d = x.shape
+    if not append_ones:
+        return x.t() @ x, n
+    out = x.new_empty(d + 1, d + 1)
+    out[:d, :d] = x.t() @ x
+    col = x.sum(0)
+    out[:d, d] = col
+    out[d, :d] = col
+    out[d, d] = n
+    return out, n
 
 
 def linear_input_sum(x: torch.Tensor, *, has_bias: bool) -> tuple[torch.Tensor, int]:
