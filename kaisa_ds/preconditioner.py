@@ -97,7 +97,7 @@ class KFACPreconditioner:
 
     def _finalize_structure(self, fired: set[str] | None = None, same_input: dict[str, str] | None = None) -> None:
         """After the first window: drop layers whose hooks never fired, share inputs, assign work."""
-        fired = self.capture.fired if fired is None else fired
+        fired = self._agreed(self.capture.fired) if fired is None else fired
         if not self._discovered_info:
             from kaisa_ds.state import _layer_info
 
@@ -125,6 +125,15 @@ class KFACPreconditioner:
         if self._pending_decompositions is not None:
             self.decompositions = {f: d for f, d in self._pending_decompositions.items() if self._holds(f)}
             self._pending_decompositions = None
+
+    def _agreed(self, fired: set[str]) -> set[str]:
+        """Layers whose hooks fired on any rank, so every rank keeps the same layers (one-time collective)."""
+        if self.world == 1:
+            return fired
+        device = next(iter(self.layers.values())).helper.weight.device
+        flags = torch.tensor([float(n in fired) for n in self.layers], device=device)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        return {n for n, f in zip(self.layers, flags.tolist()) if f > 0}
 
     def _holds(self, factor: str) -> bool:
         assert self.assignment is not None
