@@ -19,7 +19,7 @@ from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.layers import KFACLayer, discover_layers, share_inputs
 from kaisa_ds.state import export_state, import_state
-from kaisa_ds.step import run_step
+from kaisa_ds.step import STAGES, run_step
 from kaisa_ds.timing import StageTimer
 
 logger = logging.getLogger(__name__)
@@ -153,8 +153,9 @@ class KFACPreconditioner:
     # ------------------------------------------------------------- reporting
     @property
     def timings(self) -> dict[str, float]:
-        """Seconds per K-FAC stage during the last :meth:`step` (factor capture since the step before)."""
-        return dict(self.timer.seconds)
+        """Seconds per K-FAC stage during the last :meth:`step` (factor capture: hook time since the step
+        before); every stage is present, 0.0 when it did not run."""
+        return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes held by factors (with any open window buffer) and by decompositions on this rank."""

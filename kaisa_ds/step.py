@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+STAGES = ("factor_capture", "factor_reduction", "decomposition", "preconditioning", "gradient_broadcast",
+          "kl_clip", "write_grads")
+
 
 def reduce_window(p: KFACPreconditioner) -> dict[str, torch.Tensor]:
     """All-reduce (average) the window statistics of every factor; factors no rank captured are left out.

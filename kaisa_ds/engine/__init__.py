@@ -1,0 +1,1 @@
+"""DeepSpeed integration: ``kaisa_ds.initialize`` builds the engine and attaches K-FAC from the ``kfac`` section."""

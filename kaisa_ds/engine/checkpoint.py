@@ -1,0 +1,41 @@
+"""K-FAC state inside DeepSpeed checkpoints.
+
+The state is replicated (every rank returns the same ``state_dict``), so it rides in DeepSpeed's
+``client_state``, which only the data-parallel rank 0 writes; ``load_checkpoint`` hands it back on
+every rank. ``state_dict`` is a collective, and so is ``save_checkpoint``: both run on all ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kaisa_ds.preconditioner import KFACPreconditioner
+
+logger = logging.getLogger(__name__)
+CLIENT_KEY = "kaisa_ds_kfac"
+
+
+def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
+    """Make ``engine.save_checkpoint`` / ``engine.load_checkpoint`` carry the complete K-FAC state."""
+    save, load = engine.save_checkpoint, engine.load_checkpoint
+
+    def save_checkpoint(save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
+                        *args: Any, **kwargs: Any) -> Any:
+        state = dict(client_state or {})
+        state[CLIENT_KEY] = kfac.state_dict()
+        return save(save_dir, tag, state, *args, **kwargs)
+
+    def load_checkpoint(load_dir: str, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
+        path, client_state = load(load_dir, tag, *args, **kwargs)
+        if path is None:
+            return path, client_state
+        state = (client_state or {}).pop(CLIENT_KEY, None)
+        if state is None:
+            logger.warning("checkpoint %s has no K-FAC state; K-FAC starts from scratch", path)
+        else:
+            kfac.load_state_dict(state)
+        return path, client_state
+
+    engine.save_checkpoint = save_checkpoint
+    engine.load_checkpoint = load_checkpoint

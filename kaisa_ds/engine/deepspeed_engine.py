@@ -1,0 +1,85 @@
+"""``kaisa_ds.initialize``: ``deepspeed.initialize`` plus K-FAC from the config's ``kfac`` section.
+
+Order of operations on an accumulation boundary, inside the wrapped ``engine.step``:
+1. DeepSpeed has reduced (averaged) the gradients during ``engine.backward``;
+2. K-FAC commits the window's factors, refreshes decompositions, preconditions and KL-clips the gradients;
+3. DeepSpeed's own step then unscales (fp16), checks overflow, applies ``gradient_clipping`` to the
+   *preconditioned* gradients, and runs the optimizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+from typing import Any
+
+import deepspeed
+
+from kaisa_ds.engine.checkpoint import wrap_checkpointing
+from kaisa_ds.engine.ds_config import check_supported, load_config, parse_kfac_section, poly_warmup_from_config
+from kaisa_ds.engine.fp16_fix import apply_fp16_fix, needs_fp16_fix
+from kaisa_ds.engine.grad_access import EngineGradAccessor
+from kaisa_ds.engine.monitor import report
+from kaisa_ds.optim.select import is_lamb_config, lamb_from_ds_config
+from kaisa_ds.preconditioner import KFACPreconditioner
+
+logger = logging.getLogger(__name__)
+
+
+def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model_parameters: Any = None,
+               training_data: Any = None, lr_scheduler: Any = None, config: Any = None,
+               **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+    """Same signature and returns as ``deepspeed.initialize``; ``engine.kfac`` is the preconditioner or None.
+
+    A ``"optimizer": {"type": "Lamb"}`` section gets the best LAMB available (kaisa_ds.optim.select).
+    """
+    cfg = load_config(config, args)
+    if args is not None and getattr(args, "deepspeed_config", None):
+        args = copy.copy(args) if isinstance(args, argparse.Namespace) else args
+        args.deepspeed_config = None  # the config now travels as a dict (DeepSpeed refuses both)
+    section = parse_kfac_section(cfg)
+    lamb = optimizer is None and is_lamb_config(cfg.get("optimizer"))
+    check_supported(cfg, section, lamb=lamb)
+    if lamb:
+        if model is None:
+            raise ValueError("optimizer Lamb needs model= to build its parameter groups")
+        optimizer, impl = lamb_from_ds_config(cfg.pop("optimizer"), model)
+        logger.info("kaisa_ds: optimizer Lamb -> %s", impl)
+    if lr_scheduler is None and cfg.get("lr_schedule") is not None:
+        lr_scheduler = poly_warmup_from_config(cfg["lr_schedule"])
+    engine, optimizer, loader, scheduler = deepspeed.initialize(
+        args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+        training_data=training_data, lr_scheduler=lr_scheduler, config=cfg, **kwargs)
+    if needs_fp16_fix(engine, deepspeed.__version__):
+        apply_fp16_fix(engine)
+    engine.kfac = None
+    if section.enabled:
+        assert section.config is not None
+        engine.kfac = attach_kfac(engine, section.config, auto_step=section.auto_step)
+    return engine, optimizer, loader, scheduler
+
+
+def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPreconditioner:
+    """Build the preconditioner for a DeepSpeed engine; with ``auto_step`` it runs inside ``engine.step``."""
+    kfac = KFACPreconditioner(
+        engine.module, config=config, grad_accessor=EngineGradAccessor(zero_stage=engine.zero_optimization_stage()),
+        loss_scale=lambda: float(getattr(engine.optimizer, "loss_scale", 1.0)),
+        lr=lambda step: float(engine.get_lr()[0]))
+    wrap_checkpointing(engine, kfac)
+    if auto_step:
+        original_step = engine.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if engine.is_gradient_accumulation_boundary():
+                print_now = (engine.global_steps + 1) % max(1, engine.steps_per_print()) == 0
+                kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
+                kfac.step()
+                if print_now:
+                    report(engine, kfac)
+            return original_step(*args, **kwargs)
+
+        engine.step = step
+    logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer)",
+                len(kfac.layers), kfac.world, kfac.grad_workers)
+    return kfac

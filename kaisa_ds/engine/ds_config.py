@@ -1,0 +1,100 @@
+"""Reading a DeepSpeed config (dict, path or ``args.deepspeed_config``) and its ``kfac`` section, validated once."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kaisa_ds.config import KFACConfig
+from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
+
+ENGINE_KEYS = {"enabled", "auto_step"}  # keys of the kfac section that belong to the engine integration
+
+
+@dataclass
+class KFACSection:
+    """The parsed ``kfac`` section: whether K-FAC is on, whether ``engine.step`` runs it, and its options."""
+
+    enabled: bool
+    auto_step: bool
+    config: KFACConfig | None
+
+
+def load_config(config: dict[str, Any] | str | Path | None, args: Any = None) -> dict[str, Any]:
+    """The DeepSpeed config as a dict (a deep copy: the caller's dict is never modified)."""
+    if config is None and args is not None and getattr(args, "deepspeed_config", None):
+        config = args.deepspeed_config
+    if config is None:
+        raise ValueError("no DeepSpeed config: pass config= (a dict or a JSON path) or --deepspeed_config FILE")
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(f"DeepSpeed config {path} does not exist")
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError:
+        import hjson  # DeepSpeed's own config parser (allows comments)
+
+        try:
+            loaded = hjson.loads(text)
+        except hjson.HjsonDecodeError as exc:
+            raise ValueError(f"DeepSpeed config {path} is not valid JSON/HJSON: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ValueError(f"DeepSpeed config {path} must hold a JSON object")
+    return dict(loaded)
+
+
+def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
+    """Validate the ``kfac`` section; absent or ``enabled: false`` means K-FAC is off."""
+    section = config.get("kfac")
+    if section is None:
+        return KFACSection(enabled=False, auto_step=True, config=None)
+    if not isinstance(section, dict):
+        raise ValueError(f"kfac must be a JSON object, got {section!r}")
+    enabled, auto_step = section.get("enabled", True), section.get("auto_step", True)
+    for key, value in (("enabled", enabled), ("auto_step", auto_step)):
+        if not isinstance(value, bool):
+            raise ValueError(f"kfac.{key}={value!r} is not valid; allowed: true or false")
+    options = {k: v for k, v in section.items() if k not in ENGINE_KEYS}
+    kfac_config = KFACConfig.from_dict(options)  # validates even when disabled, so typos surface early
+    return KFACSection(enabled=enabled, auto_step=auto_step, config=kfac_config if enabled else None)
+
+
+def zero_stage(config: dict[str, Any]) -> int:
+    return int(config.get("zero_optimization", {}).get("stage", 0))
+
+
+def check_supported(config: dict[str, Any], section: KFACSection, *, lamb: bool) -> None:
+    """Refuse combinations that cannot work, with the fix in the message."""
+    stage = zero_stage(config)
+    if section.enabled and stage == 3:
+        raise ValueError("kfac: ZeRO stage 3 is not supported (partitioned parameters break the factor hooks); "
+                         "use zero_optimization.stage 0, 1 or 2")
+    if lamb and stage in (1, 2):
+        raise ValueError("optimizer Lamb with zero_optimization.stage "
+                         f"{stage}: LAMB's per-tensor trust ratio would be computed over ZeRO's flat partitions "
+                         "instead of per parameter; use stage 0 with Lamb")
+
+
+def poly_warmup_from_config(section: Any) -> Callable[[Any], PolyWarmUpScheduler]:
+    """``"lr_schedule": {"type": "PolyWarmUp", "warmup_proportion", "total_steps", "degree"}`` (NVIDIA's BERT
+    schedule, which DeepSpeed's own ``scheduler`` types do not offer) as a factory for deepspeed.initialize."""
+    allowed = {"type", "warmup_proportion", "total_steps", "degree"}
+    if not isinstance(section, dict) or str(section.get("type", "")).lower() != "polywarmup":
+        raise ValueError(f"lr_schedule must be {{'type': 'PolyWarmUp', ...}}, got {section!r}")
+    unknown = sorted(set(section) - allowed)
+    if unknown or "warmup_proportion" not in section or "total_steps" not in section:
+        raise ValueError(f"lr_schedule: unknown key(s) {unknown} or missing warmup_proportion/total_steps; "
+                         f"allowed keys: {sorted(allowed)}")
+    kwargs = {"warmup_proportion": float(section["warmup_proportion"]), "total_steps": section["total_steps"],
+              "degree": float(section.get("degree", 0.5))}
+    PolyWarmUpScheduler(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0), **kwargs)  # validate now
+    return lambda optimizer: PolyWarmUpScheduler(optimizer, **kwargs)

@@ -1,0 +1,30 @@
+"""Reports K-FAC stage timings and memory through DeepSpeed's monitor and logging."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kaisa_ds.preconditioner import KFACPreconditioner
+
+logger = logging.getLogger(__name__)
+
+
+def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float, int]]:
+    """(name, value, x) events for ``engine.monitor.write_events``: ms per stage, MB of memory, skipped windows."""
+    events = [(f"Train/KFAC/{stage}_ms", seconds * 1000.0, samples) for stage, seconds in kfac.timings.items()]
+    events += [(f"Train/KFAC/{kind}_MB", nbytes / 2**20, samples) for kind, nbytes in kfac.memory_usage().items()]
+    events.append(("Train/KFAC/skipped_windows", float(kfac.skipped_windows), samples))
+    return events
+
+
+def report(engine: Any, kfac: KFACPreconditioner) -> None:
+    """Log one line and write the monitor events (on the ranks where DeepSpeed's monitor is enabled)."""
+    samples = int(getattr(engine, "global_samples", 0))
+    events = kfac_events(kfac, samples)
+    monitor = getattr(engine, "monitor", None)
+    if monitor is not None and getattr(monitor, "enabled", False):
+        monitor.write_events(events)
+    if kfac.rank == 0:
+        logger.info("K-FAC step %d: %s", kfac.steps,
+                    ", ".join(f"{n.split('/')[-1]}={v:.2f}" for n, v, _ in events))

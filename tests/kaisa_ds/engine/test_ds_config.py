@@ -1,0 +1,104 @@
+"""The DeepSpeed config's kfac section and the refusals, checked before any engine is built."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kaisa_ds.engine.ds_config import check_supported, load_config, parse_kfac_section, poly_warmup_from_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[3] / "ds_configs").glob("*.json"))
+
+
+def test_section_absent_or_disabled_means_off() -> None:
+    assert not parse_kfac_section({}).enabled
+    off = parse_kfac_section({"kfac": {"enabled": False, "damping": 0.01}})
+    assert not off.enabled and off.config is None
+
+
+def test_section_is_parsed_once_into_kfac_config() -> None:
+    section = parse_kfac_section({"kfac": {"enabled": True, "damping": {"initial": 0.01, "milestones": [5],
+                                                                         "factor": 0.1}, "auto_step": False}})
+    assert section.enabled and not section.auto_step and section.config is not None
+    assert section.config.value("damping", 6) == pytest.approx(0.001)
+
+
+@pytest.mark.parametrize(("section", "key"), [
+    ({"dampnig": 0.1}, "dampnig"),
+    ({"damping": "high"}, r"kfac\.damping"),
+    ({"grad_worker_fraction": 3}, "grad_worker_fraction"),
+    ({"enabled": "yes"}, r"kfac\.enabled"),
+    ({"factor_update_steps": 0}, "factor_update_steps"),
+])
+def test_bad_sections_fail_at_start_up_naming_the_key(section: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        parse_kfac_section({"kfac": section})  # also when disabled: typos surface early
+
+
+def test_zero3_and_lamb_on_flat_partitions_are_refused() -> None:
+    on = parse_kfac_section({"kfac": {"enabled": True}})
+    with pytest.raises(ValueError, match="ZeRO stage 3"):
+        check_supported({"zero_optimization": {"stage": 3}}, on, lamb=False)
+    with pytest.raises(ValueError, match="trust ratio"):
+        check_supported({"zero_optimization": {"stage": 1}}, parse_kfac_section({}), lamb=True)
+    check_supported({"zero_optimization": {"stage": 2}}, on, lamb=False)  # fine
+
+
+def test_config_from_path_args_and_hjson(tmp_path: Path) -> None:
+    path = tmp_path / "c.json"
+    path.write_text('{\n  // comments are fine, DeepSpeed reads hjson\n  "train_batch_size": 8\n}\n')
+    assert load_config(str(path))["train_batch_size"] == 8
+    assert load_config(None, argparse.Namespace(deepspeed_config=str(path)))["train_batch_size"] == 8
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_config(str(tmp_path / "missing.json"))
+    original = {"kfac": {"enabled": True}}
+    load_config(original)["kfac"]["enabled"] = False
+    assert original["kfac"]["enabled"] is True  # the caller's dict is never modified
+
+
+def test_poly_warmup_section() -> None:
+    make = poly_warmup_from_config({"type": "PolyWarmUp", "warmup_proportion": 0.5, "total_steps": 4})
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    sched = make(opt)
+    assert [opt.param_groups[0]["lr"], (sched.step(), opt.param_groups[0]["lr"])[1]] == [0.0, 0.5]
+    with pytest.raises(ValueError, match="lr_schedule"):
+        poly_warmup_from_config({"type": "PolyWarmUp", "warmup": 0.1})
+
+
+class _DataParallel:
+    """A stand-in mpu so DeepSpeedConfig can check batch sizes for a target world size without processes."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.world
+
+    def get_data_parallel_rank(self) -> int:
+        return 0
+
+    def get_model_parallel_world_size(self) -> int:
+        return 1
+
+    def get_model_parallel_rank(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_validates(path: Path) -> None:
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    cfg = load_config(str(path))
+    section = parse_kfac_section(cfg)
+    lamb = str(cfg.get("optimizer", {}).get("type", "")).lower() == "lamb"
+    check_supported(cfg, section, lamb=lamb)
+    if "lr_schedule" in cfg:
+        poly_warmup_from_config(cfg["lr_schedule"])
+    world = 2 if ("tiny" in path.name or "cpu" in path.name) else 8
+    ds_cfg = {k: v for k, v in cfg.items() if k != "optimizer"}  # LAMB is built by kaisa_ds, not DeepSpeed
+    checked = DeepSpeedConfig(json.loads(json.dumps(ds_cfg)), mpu=_DataParallel(world))
+    assert checked.train_batch_size == cfg.get("train_batch_size", checked.train_batch_size)
