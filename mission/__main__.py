@@ -1,0 +1,5 @@
+"""``python -m mission``: see mission/run.py."""
+
+from mission.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The main job, end to end on 2 CPU ranks under the deepspeed launcher.
+
+1. generate the built-in corpus and its SQuAD-style questions (or take --data / --squad-train / --squad-eval);
+2. pretrain a BERT twice, phase 1 (seq 128) then phase 2 (seq 512): LAMB, and LAMB + K-FAC, same seed and data;
+3. fine-tune both on SQuAD and score F1/EM;
+4. write report.md with a table and PNG loss curves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from tqdm import tqdm
+
+from mission.jobs import REPO, launch
+from mission.report import write_report
+
+logger = logging.getLogger("mission")
+VARIANTS = {"LAMB": "", "LAMB + K-FAC": "_kfac"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m mission", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", type=Path, default=Path("runs/mission"), help="where everything is written")
+    p.add_argument("--data", type=Path, nargs="*", help="raw text files to pretrain on (default: built-in corpus)")
+    p.add_argument("--vocab", type=Path, help="BERT vocab.txt (default: a WordPiece vocab trained on the corpus)")
+    p.add_argument("--squad-train", type=Path, help="SQuAD v1.1 train JSON (default: built-in questions)")
+    p.add_argument("--squad-eval", type=Path, help="SQuAD v1.1 eval JSON (default: built-in questions)")
+    p.add_argument("--model-size", default="tiny", help="tiny (CPU), mini, base or large")
+    p.add_argument("--phase1-steps", type=int, default=120, help="phase-1 optimizer steps")
+    p.add_argument("--phase2-steps", type=int, default=30, help="phase-2 optimizer steps")
+    p.add_argument("--squad-epochs", type=int, default=2, help="SQuAD fine-tuning epochs")
+    p.add_argument("--config-prefix", default="ds_configs/bert_tiny",
+                   help="pretraining configs: <prefix>_phase{1,2}[_kfac].json")
+    p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
+    p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
+    p.add_argument("--articles", type=int, default=None, help="articles of the built-in corpus")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    out = (args.output if args.output.is_absolute() else REPO / args.output).resolve()
+    data_dir = out / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    stages = 1 + len(VARIANTS) * 3
+    bar = tqdm(total=stages, desc="main job", unit="stage")
+    squad_train, squad_eval = args.squad_train, args.squad_eval
+    data = args.data
+    if not data:
+        from bert_pretrain.corpus import generate_corpus
+
+        bar.set_postfix_str("generating the built-in corpus")
+        kwargs = {"seed": args.seed} | ({"num_articles": args.articles} if args.articles else {})
+        corpus = generate_corpus(**kwargs)
+        text = data_dir / "corpus.txt"
+        corpus.write_text(text)
+        data = [text]
+    if squad_train is None or squad_eval is None:
+        from squad_finetune.builtin_data import write_builtin_squad
+
+        squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed, num_articles=args.articles)
+    bar.update()
+    runs: dict[str, Path] = {}
+    seconds: dict[str, dict[str, float]] = {}
+    for label, suffix in VARIANTS.items():
+        root = out / ("kfac" if suffix else "lamb")
+        runs[label], seconds[label] = root, {}
+        common = ["--data", *map(str, data), "--model-size", args.model_size, "--seed", str(args.seed)]
+        if args.vocab:
+            common += ["--vocab", str(args.vocab)]
+        for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
+            bar.set_postfix_str(f"{label}: pretraining phase {phase}")
+            extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
+            seconds[label][f"phase{phase}"] = launch("bert_pretrain", [
+                "--phase", str(phase), "--config", f"{args.config_prefix}_phase{phase}{suffix}.json",
+                "--output", str(root / f"phase{phase}"), "--max-steps", str(steps), *common, *extra],
+                ranks=args.ranks, log=root / f"phase{phase}.log")
+            bar.update()
+        bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
+        seconds[label]["squad"] = launch("squad_finetune", [
+            "--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
+            str(squad_eval), "--config", str(args.squad_config), "--output", str(root / "squad"),
+            "--epochs", str(args.squad_epochs), "--eval-before"], ranks=args.ranks, log=root / "squad.log")
+        bar.update()
+    bar.close()
+    report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,
+                                               "phase2_steps": args.phase2_steps, "ranks": args.ranks})
+    print(f"main job done: report at {report} (plots: {out / 'loss_curves.png'}; logs: {out}/*/*.log)")
+    return 0
