@@ -79,7 +79,46 @@ def pretraining_loss(model: Any, ids: torch.Tensor, labels: torch.Tensor, nsp: t
 
 def random_batch(batch: int, seq: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, vocab, (batch, seq), generator=g)
+    ids = torch.randint(min(1000, vocab // 2), vocab, (batch, seq), generator=g)
     labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
     nsp = torch.randint(0, 2, (batch,), generator=g)
     return ids.to(device), labels.to(device), nsp.to(device)
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; return each rank's (picklable) result."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=_spawned, args=(r, world, init, fn, args, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        results = dict(queue.get(timeout=1800) for _ in range(world))
+        for p in procs:
+            p.join()
+    failed = [r for r, v in results.items() if isinstance(v, str) and v.startswith("FAILED")]
+    if failed:
+        raise RuntimeError(results[failed[0]])
+    return [results[r] for r in range(world)]
+
+
+def _spawned(rank: int, world: int, init: str, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> None:
+    import traceback
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+        queue.put((rank, fn(rank, world, *args)))
+    except Exception:
+        queue.put((rank, f"FAILED on rank {rank}:\n{traceback.format_exc()}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
