@@ -59,8 +59,7 @@ def export_state(p: KFACPreconditioner) -> dict[str, Any]:
         "skipped_windows": p.skipped_windows,
         "discovered": _layer_info(p, list(p.layers)) if p.assignment is None else p._discovered_info,
         "layers": _layer_info(p, list(p.layers)) if p.assignment is not None else None,
-        "factors": {n: {"value": None if f.value is None else f.value.detach().cpu().clone(), "updates": f.updates}
-                    for n, f in facs.items()},
+        "factors": {n: f.export() for n, f in facs.items()},
         "decompositions": _gather_decompositions(p),
         "compute_method": p.config.method.value,
     }
@@ -101,11 +100,9 @@ def import_state(p: KFACPreconditioner, state: dict[str, Any]) -> None:
         facs = p.factors()
         device = next(iter(p.layers.values())).helper.weight.device
         for name, saved_factor in state["factors"].items():
-            if name in facs and saved_factor["value"] is not None:
-                dtype = facs[name].storage_dtype or saved_factor["value"].dtype
-                facs[name].value = saved_factor["value"].to(device=device, dtype=dtype)
-                facs[name].updates = saved_factor["updates"]
-        p._decompositions_stale = any(f.value is not None and n not in state["decompositions"]
+            if name in facs:
+                facs[name].restore(saved_factor, device)
+        p._decompositions_stale = any(f.has_value and n not in state["decompositions"]
                                       for n, f in facs.items())
     p.steps = int(state["steps"])
     p.skipped_windows = int(state["skipped_windows"])

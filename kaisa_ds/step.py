@@ -78,9 +78,10 @@ def update_decompositions(p: KFACPreconditioner) -> None:
     facs = p.factors()
     local: dict[str, list[torch.Tensor]] = {}
     for name, f in facs.items():
-        if p.assignment.inverse_worker[name] != p.rank or f.value is None:
+        value = f.value if p.assignment.inverse_worker[name] == p.rank else None
+        if value is None:
             continue
-        dec = decompose(f.value, method=method, diagonal=f.diagonal, damping=damping,
+        dec = decompose(value, method=method, diagonal=f.diagonal, damping=damping,
                         compute_dtype=cfg.decomposition_dtype, out_dtype=cfg.inv_dtype,  # type: ignore[arg-type]
                         name=name)
         if dec is not None:

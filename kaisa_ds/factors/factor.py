@@ -15,6 +15,11 @@ class KroneckerFactor:
     ``E[x xᵀ]`` over all its samples (times ``passes²`` for gradients of a loss averaged over passes).
     :meth:`commit` folds it into the running average ``F ← ξ F + (1 − ξ) F_new``; the average is
     initialised with the first committed window (no identity or zero prior).
+
+    Half-precision storage keeps the average divided by a power-of-two scale (held as an FP32 scalar
+    tensor, so no host sync): G factors of real models have entries of 1e-12..1e-6, below FP16's
+    smallest normal number, and would otherwise be stored as zeros. Stored values are at most 1 in
+    magnitude, so FP16 keeps 11 significant bits relative to the largest entry and BF16 8.
     """
 
     def __init__(self, name: str, dim: int, *, diagonal: bool, storage_dtype: torch.dtype | None,
@@ -24,7 +29,8 @@ class KroneckerFactor:
         self.diagonal = diagonal
         self.storage_dtype = storage_dtype
         self.scale_by_passes = scale_by_passes
-        self.value: torch.Tensor | None = None  # running average
+        self._stored: torch.Tensor | None = None  # running average, divided by _scale when half precision
+        self._scale: torch.Tensor | None = None  # FP32 scalar; None when stored unscaled
         self.updates = 0
         self._sum: torch.Tensor | None = None
         self._count = 0
@@ -62,25 +68,74 @@ class KroneckerFactor:
         """Drop the current window's statistics."""
         self._sum, self._count, self._passes = None, 0, 0
 
+    @property
+    def has_value(self) -> bool:
+        return self._stored is not None
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        """The running average at its true scale (FP32 when stored in half precision with a scale)."""
+        if self._stored is None or self._scale is None:
+            return self._stored
+        return self._stored.float().mul_(self._scale)
+
+    @value.setter
+    def value(self, average: torch.Tensor | None) -> None:
+        """Store ``average`` in the storage dtype (scaled into range for half precision)."""
+        if average is None:
+            self._stored, self._scale = None, None
+            return
+        dtype = self.storage_dtype or average.dtype
+        if dtype not in (torch.float16, torch.bfloat16):
+            self._stored, self._scale = average.to(dtype).clone(), None
+            return
+        full = average.float()
+        peak = full.abs().amax().clamp_min(torch.finfo(torch.float32).tiny)
+        scale = torch.exp2(torch.ceil(torch.log2(peak)))  # power of two: exact to divide and multiply back
+        stored = full.div_(scale).to(dtype)
+        if self._stored is not None and self._stored.shape == stored.shape and self._stored.dtype == dtype:
+            self._stored.copy_(stored)  # keep the buffer (it may be referenced by communication buckets)
+        else:
+            self._stored = stored
+        self._scale = scale
+
     def commit(self, new: torch.Tensor, decay: float) -> None:
         """Fold a (reduced) window statistic into the running average and clear the window."""
-        dtype = self.storage_dtype or new.dtype
-        if self.value is None:
-            self.value = new.to(dtype).clone()
-        elif self.value.dtype == torch.float32 and dtype == torch.float32:
-            self.value.mul_(decay).add_(new, alpha=1.0 - decay)
+        current = self._stored
+        if current is None:
+            self.value = new
+        elif self._scale is None and current.dtype == torch.float32 and new.dtype == torch.float32:
+            current.mul_(decay).add_(new, alpha=1.0 - decay)
         else:  # average in FP32, store in the (possibly half) storage dtype
-            self.value.copy_(self.value.float().mul_(decay).add_(new, alpha=1.0 - decay))
+            average = self.value
+            assert average is not None
+            self.value = average.float().mul_(decay).add_(new, alpha=1.0 - decay)
         self.updates += 1
         self.discard()
 
+    def export(self) -> dict[str, torch.Tensor | int | None]:
+        """The stored average (as stored: half precision stays half), its scale and update count, on CPU."""
+        cpu = None if self._stored is None else self._stored.detach().cpu().clone()
+        scale = None if self._scale is None else self._scale.detach().cpu().clone()
+        return {"value": cpu, "scale": scale, "updates": self.updates}
+
+    def restore(self, saved: dict[str, object], device: torch.device) -> None:
+        """Load :meth:`export`'s output (or an older state without ``scale``) onto ``device``."""
+        value, scale = saved.get("value"), saved.get("scale")
+        if not isinstance(value, torch.Tensor):
+            return
+        full = value.to(device=device, dtype=torch.float32 if isinstance(scale, torch.Tensor) else value.dtype)
+        self.value = full * scale.to(device) if isinstance(scale, torch.Tensor) else full
+        self.updates = int(saved.get("updates", 0))  # type: ignore[call-overload]
+
     def dense(self) -> torch.Tensor | None:
         """The running average as a full matrix (diagonal factors expanded; for inspection and tests)."""
-        if self.value is None:
+        value = self.value
+        if value is None:
             return None
-        return torch.diag(self.value) if self.diagonal else self.value
+        return torch.diag(value) if self.diagonal else value
 
     def nbytes(self) -> int:
-        stored = self.value.numel() * self.value.element_size() if self.value is not None else 0
+        stored = self._stored.numel() * self._stored.element_size() if self._stored is not None else 0
         window = self._sum.numel() * self._sum.element_size() if self._sum is not None else 0
         return stored + window
