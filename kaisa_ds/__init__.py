@@ -15,6 +15,7 @@ from kaisa_ds.schedules import StepSchedule
 
 if TYPE_CHECKING:
     from kaisa_ds.engine.deepspeed_engine import initialize
+    from kaisa_ds.engine.launch import init_distributed
     from kaisa_ds.preconditioner import KFACPreconditioner
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "KFACPreconditioner",
     "LossReduction",
     "StepSchedule",
+    "init_distributed",
     "initialize",
 ]
 __version__ = "0.1.0"
@@ -38,4 +40,8 @@ def __getattr__(name: str) -> Any:
         from kaisa_ds.engine.deepspeed_engine import initialize
 
         return initialize
+    if name == "init_distributed":
+        from kaisa_ds.engine.launch import init_distributed
+
+        return init_distributed
     raise AttributeError(f"module 'kaisa_ds' has no attribute {name!r}")

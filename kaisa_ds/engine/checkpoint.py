@@ -27,7 +27,13 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
         return save(save_dir, tag, state, *args, **kwargs)
 
     def load_checkpoint(load_dir: str, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
-        path, client_state = load(load_dir, tag, *args, **kwargs)
+        try:
+            path, client_state = load(load_dir, tag, *args, **kwargs)
+        except RuntimeError as exc:
+            if "Error(s) in loading state_dict" not in str(exc):
+                raise
+            raise ValueError(f"checkpoint {load_dir} (tag {tag}) does not fit this model: it was saved from a "
+                             f"different model. {str(exc).splitlines()[0]}") from exc
         if path is None:
             return path, client_state
         state = (client_state or {}).pop(CLIENT_KEY, None)

@@ -5,6 +5,18 @@ Order of operations on an accumulation boundary, inside the wrapped ``engine.ste
 2. K-FAC commits the window's factors, refreshes decompositions, preconditions and KL-clips the gradients;
 3. DeepSpeed's own step then unscales (fp16), checks overflow, applies ``gradient_clipping`` to the
    *preconditioned* gradients, and runs the optimizer.
+So KAISA's KL-clip bounds the preconditioned step first, and ``gradient_clipping`` (if non-zero) then clips
+the norm of the preconditioned gradient; ``engine.get_global_grad_norm()`` reports that norm.
+On an fp16 overflow the gradients K-FAC reads are non-finite: it drops the window on every rank and leaves
+them alone, so DeepSpeed skips the step as usual (``engine.kfac.skipped_windows`` counts these).
+
+By hand (``"kfac": {"auto_step": false}``, or any time: a window already stepped by the user is not
+stepped again by ``engine.step``)::
+
+    engine.backward(loss)
+    if engine.is_gradient_accumulation_boundary():
+        engine.kfac.step()       # gradients are reduced here and still loss-scaled; K-FAC unscales itself
+    engine.step()
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from kaisa_ds.engine.checkpoint import wrap_checkpointing
 from kaisa_ds.engine.ds_config import check_supported, load_config, parse_kfac_section, poly_warmup_from_config
 from kaisa_ds.engine.fp16_fix import apply_fp16_fix, needs_fp16_fix
 from kaisa_ds.engine.grad_access import EngineGradAccessor
+from kaisa_ds.engine.launch import skip_cpu_shm_build
 from kaisa_ds.engine.monitor import report
 from kaisa_ds.optim.select import is_lamb_config, lamb_from_ds_config
 from kaisa_ds.preconditioner import KFACPreconditioner
@@ -34,13 +47,15 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
 
     A ``"optimizer": {"type": "Lamb"}`` section gets the best LAMB available (kaisa_ds.optim.select).
     """
+    if config is None and kwargs.get("config_params") is not None:  # deepspeed.initialize's old name
+        config = kwargs.pop("config_params")
     cfg = load_config(config, args)
     if args is not None and getattr(args, "deepspeed_config", None):
         args = copy.copy(args) if isinstance(args, argparse.Namespace) else args
         args.deepspeed_config = None  # the config now travels as a dict (DeepSpeed refuses both)
     section = parse_kfac_section(cfg)
     lamb = optimizer is None and is_lamb_config(cfg.get("optimizer"))
-    check_supported(cfg, section, lamb=lamb)
+    check_supported(cfg, section, lamb=lamb or "lamb" in type(optimizer).__name__.lower())
     if lamb:
         if model is None:
             raise ValueError("optimizer Lamb needs model= to build its parameter groups")
@@ -48,6 +63,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
         logger.info("kaisa_ds: optimizer Lamb -> %s", impl)
     if lr_scheduler is None and cfg.get("lr_schedule") is not None:
         lr_scheduler = poly_warmup_from_config(cfg["lr_schedule"])
+    skip_cpu_shm_build()  # deepspeed.initialize starts torch.distributed when the caller has not
     engine, optimizer, loader, scheduler = deepspeed.initialize(
         args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
         training_data=training_data, lr_scheduler=lr_scheduler, config=cfg, **kwargs)
@@ -67,19 +83,32 @@ def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPrec
         loss_scale=lambda: float(getattr(engine.optimizer, "loss_scale", 1.0)),
         lr=lambda step: float(engine.get_lr()[0]))
     wrap_checkpointing(engine, kfac)
-    if auto_step:
-        original_step = engine.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if engine.is_gradient_accumulation_boundary():
-                print_now = (engine.global_steps + 1) % max(1, engine.steps_per_print()) == 0
-                kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
-                kfac.step()
-                if print_now:
-                    report(engine, kfac)
-            return original_step(*args, **kwargs)
-
-        engine.step = step
-    logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer)",
-                len(kfac.layers), kfac.world, kfac.grad_workers)
+    wrap_step(engine, kfac, auto_step=auto_step)
+    logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s)",
+                len(kfac.layers), kfac.world, kfac.grad_workers, auto_step)
     return kfac
+
+
+def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None:
+    """On accumulation boundaries, run K-FAC before DeepSpeed's step (unless this window's K-FAC step was
+    already called by hand) and report timings every ``steps_per_print`` steps."""
+    original_step, kfac_step = engine.step, kfac.step
+    window = {"stepped": False}  # whether this window's K-FAC step already ran
+
+    def step_kfac() -> None:
+        kfac_step()
+        window["stepped"] = True
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        if engine.is_gradient_accumulation_boundary():
+            print_now = (engine.global_steps + 1) % max(1, engine.steps_per_print()) == 0
+            if auto_step and not window["stepped"]:
+                kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
+                kfac.step()  # the attribute: callers may have wrapped it again
+            if print_now and (window["stepped"] or auto_step):
+                report(engine, kfac)
+            window["stepped"] = False
+        return original_step(*args, **kwargs)
+
+    kfac.step = step_kfac  # type: ignore[method-assign]
+    engine.step = step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,10 @@ from kaisa_ds.config import KFACConfig
 from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
 
 ENGINE_KEYS = {"enabled", "auto_step"}  # keys of the kfac section that belong to the engine integration
+SET_BY_ENGINE = {  # KFACConfig fields the engine supplies; a config value would be silently overridden
+    "lr": "follows the engine's current learning rate (optimizer and scheduler sections)",
+    "loss_scale": "follows the engine's loss scale (fp16 section)",
+}
 
 
 @dataclass
@@ -53,7 +58,11 @@ def load_config(config: dict[str, Any] | str | Path | None, args: Any = None) ->
 
 
 def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
-    """Validate the ``kfac`` section; absent or ``enabled: false`` means K-FAC is off."""
+    """Validate the ``kfac`` section; absent or ``enabled: false`` means K-FAC is off.
+
+    Every error names ``kfac.<key>`` and the allowed values, and fires at start-up (also when disabled,
+    so typos surface before a long run is launched with K-FAC switched on).
+    """
     section = config.get("kfac")
     if section is None:
         return KFACSection(enabled=False, auto_step=True, config=None)
@@ -63,13 +72,41 @@ def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
     for key, value in (("enabled", enabled), ("auto_step", auto_step)):
         if not isinstance(value, bool):
             raise ValueError(f"kfac.{key}={value!r} is not valid; allowed: true or false")
+    for key, why in SET_BY_ENGINE.items():
+        if key in section:
+            raise ValueError(f"kfac.{key} cannot be set in the config: it {why}; remove the key")
     options = {k: v for k, v in section.items() if k not in ENGINE_KEYS}
-    kfac_config = KFACConfig.from_dict(options)  # validates even when disabled, so typos surface early
+    allowed = sorted(ENGINE_KEYS | {f.name for f in dataclasses.fields(KFACConfig) if f.init} - set(SET_BY_ENGINE))
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(f"kfac: unknown key(s) {', '.join('kfac.' + k for k in unknown)}; allowed keys: {allowed}")
+    kfac_config = _kfac_config(options)
     return KFACSection(enabled=enabled, auto_step=auto_step, config=kfac_config if enabled else None)
 
 
+def _kfac_config(options: dict[str, Any]) -> KFACConfig:
+    """``KFACConfig.from_dict`` with the failing key named as ``kfac.<key>`` in the message."""
+    try:
+        return KFACConfig.from_dict(options)
+    except ValueError as exc:
+        for key, value in options.items():  # find the culprit: each key on its own
+            try:
+                KFACConfig.from_dict({key: value})
+            except ValueError as single:
+                text = str(single).removeprefix("kfac: ")
+                if text.startswith(f"kfac.{key}"):
+                    raise ValueError(text) from exc
+                if text.startswith(f"{key}="):
+                    raise ValueError(f"kfac.{text}") from exc
+                raise ValueError(f"kfac.{key}: {text}") from exc
+        raise
+
+
 def zero_stage(config: dict[str, Any]) -> int:
-    return int(config.get("zero_optimization", {}).get("stage", 0))
+    section = config.get("zero_optimization", {})
+    if not isinstance(section, dict):
+        raise ValueError(f"zero_optimization must be a JSON object, got {section!r}")
+    return int(section.get("stage", 0))
 
 
 def check_supported(config: dict[str, Any], section: KFACSection, *, lamb: bool) -> None:
@@ -78,6 +115,9 @@ def check_supported(config: dict[str, Any], section: KFACSection, *, lamb: bool)
     if section.enabled and stage == 3:
         raise ValueError("kfac: ZeRO stage 3 is not supported (partitioned parameters break the factor hooks); "
                          "use zero_optimization.stage 0, 1 or 2")
+    if section.enabled and config.get("managed_gradient_accumulation", True) is not True:
+        raise ValueError("kfac: managed_gradient_accumulation=false is not supported (gradients are reduced "
+                         "inside engine.step, after K-FAC would have read them); remove the key or set it to true")
     if lamb and stage in (1, 2):
         raise ValueError("optimizer Lamb with zero_optimization.stage "
                          f"{stage}: LAMB's per-tensor trust ratio would be computed over ZeRO's flat partitions "

@@ -24,7 +24,8 @@ def needs_fp16_fix(engine: Any, ds_version: str) -> bool:
 
     version = Version(ds_version.split("+")[0])
     return (AFFECTED[0] <= version < AFFECTED[1] and bool(engine.fp16_enabled())
-            and not isinstance(engine.optimizer, ZeROOptimizer))
+            and not isinstance(engine.optimizer, ZeROOptimizer)
+            and getattr(engine, "torch_autocast_z0_gradscaler", None) is None)  # that path scales itself
 
 
 def apply_fp16_fix(engine: Any) -> None:
@@ -32,7 +33,9 @@ def apply_fp16_fix(engine: Any) -> None:
     original = engine.backward
 
     def backward(loss: Any, *args: Any, **kwargs: Any) -> Any:
-        return original(loss * engine.optimizer.loss_scale, *args, **kwargs)
+        scale = float(engine.optimizer.loss_scale)
+        returned = original(loss * scale, *args, **kwargs)
+        return returned / scale  # DeepSpeed returns the loss it back-propagated: give the caller theirs
 
     engine.backward = backward
     logger.warning("kaisa_ds: applied the DeepSpeed 0.19.x fp16 ZeRO-0 loss-scaling fix (engine.backward now "

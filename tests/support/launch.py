@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -80,6 +81,9 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     return [results[r] for r in range(world_size)]
 
 
+_LAUNCHER_TIMED_OUT = ""  # set when a launch hits its timeout, so a hung environment fails fast, not for hours
+
+
 def run_deepspeed(
     script_args: Sequence[str], *, num_ranks: int = 2, timeout: float = 600.0, env: dict[str, str] | None = None,
     cwd: Path | None = None,
@@ -88,13 +92,24 @@ def run_deepspeed(
 
     Raises with the captured output when the command fails, so test failures show the ranks' logs.
     """
+    global _LAUNCHER_TIMED_OUT
+    if _LAUNCHER_TIMED_OUT:  # one hung launch already cost its timeout: fail the others at once
+        raise RuntimeError(f"not launched: an earlier deepspeed launch timed out ({_LAUNCHER_TIMED_OUT})")
     launcher = Path(sys.executable).with_name("deepspeed")
     cmd = [str(launcher), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), *script_args]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), full_env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        cmd, cwd=str(cwd or REPO_ROOT), env=full_env, capture_output=True, text=True, timeout=timeout
-    )
+    with subprocess.Popen(cmd, cwd=str(cwd or REPO_ROOT), env=full_env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            os.killpg(popen.pid, signal.SIGKILL)  # the ranks too, not only the launcher
+            stdout, stderr = popen.communicate()
+            _LAUNCHER_TIMED_OUT = " ".join(cmd[5:8])
+            raise RuntimeError(f"timed out after {timeout:.0f} s: {' '.join(cmd)}\n--- stdout ---\n"
+                               f"{stdout[-8000:]}\n--- stderr ---\n{stderr[-8000:]}") from exc
+    proc = subprocess.CompletedProcess(cmd, popen.returncode, stdout, stderr)
     if proc.returncode != 0:
         raise RuntimeError(
             f"command failed ({proc.returncode}): {' '.join(cmd)}\n--- stdout ---\n{proc.stdout[-8000:]}"

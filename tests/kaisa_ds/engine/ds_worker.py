@@ -109,12 +109,9 @@ def main() -> None:
     from deepspeed.accelerator import get_accelerator
 
     get_accelerator().is_fp16_supported = lambda: True  # CPU: lift DeepSpeed's fp16 refusal for tests
-    import deepspeed
+    from kaisa_ds.engine.launch import init_distributed
 
-    deepspeed.init_distributed()
-    from deepspeed import comm as dist
-
-    world, rank = dist.get_world_size(), dist.get_rank()
+    rank, world = init_distributed()
     kfac = {"enabled": True, "damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2}
     results: dict = {}
     if args.scenario == "modes":
@@ -132,6 +129,8 @@ def main() -> None:
         results["monitor"] = train(config("fp32", 0, world, kfac=kfac, extra=extra), 4)
     elif args.scenario in ("save", "resume"):
         results = checkpoint_scenario(args.scenario, args.ckpt, world, kfac)
+    elif args.scenario == "wrong":
+        results = wrong_model_scenario(args.ckpt, world, kfac)
     torch.save(results, f"{args.out}.rank{rank}.pt")
 
 
@@ -163,6 +162,22 @@ def checkpoint_scenario(kind: str, ckpt: str, world: int, kfac: dict) -> dict:
         if kind == "save" and step == 1:
             engine.save_checkpoint(ckpt, tag="mid")
     return {"losses": losses, "kfac_steps": engine.kfac.steps}
+
+
+def wrong_model_scenario(ckpt: str, world: int, kfac: dict) -> dict:
+    """Load the "save" scenario's checkpoint into models it does not fit; return the error messages."""
+    errors: dict[str, str | None] = {}
+    for name, model, section in (("other_shapes", TinyTransformerish(dim=8), kfac),
+                                 ("other_kfac_layers", TinyTransformerish(), {**kfac, "skip_layers": ["query"]})):
+        cfg = config("fp32", 0, world, kfac=section)
+        cfg["optimizer"] = {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}}
+        engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+        try:
+            engine.load_checkpoint(ckpt, tag="mid")
+            errors[name] = None
+        except ValueError as exc:
+            errors[name] = str(exc)
+    return errors
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ clipping order, checkpoints (also across a world-size change) and the monitor.""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from tests.support.launch import run_deepspeed
 from tests.support.models import TinyTransformerish
 
 WORKER = str(Path(ds_worker.__file__))
-KFAC = {"damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2}
+KFAC: dict[str, Any] = {"damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2}
 
 
 def _launch(scenario: str, tmp_path: Path, *, ranks: int = 2, ckpt: Path | None = None) -> dict:
@@ -40,7 +41,8 @@ def _single_process_reference(steps: int) -> tuple[list[float], dict[str, tuple[
         precond.step()
         opt.step()
         losses.append(loss.item())
-    return losses, {n: (ly.a_factor, ly.g_factor) for n, ly in precond.layers.items()}
+    return losses, {n: (ly.a_factor, ly.g_factor) for n, ly in precond.layers.items()
+                    if ly.a_factor is not None and ly.g_factor is not None}
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +94,16 @@ def test_gradient_clipping_applies_to_preconditioned_gradients(tmp_path: Path) -
             torch.testing.assert_close(delta, -0.1 * coef * g, rtol=1e-3, atol=1e-7)
 
 
-def test_checkpoint_resume_is_identical_also_on_another_world_size(tmp_path: Path) -> None:
+def test_checkpoint_resume_is_identical_also_on_another_world_size_and_refuses_other_models(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     full = _launch("save", tmp_path, ckpt=ckpt)
     same = _launch("resume", tmp_path, ckpt=ckpt)
     assert same["losses"] == full["losses"][2:] and same["kfac_steps"] == 4
     one_rank = _launch("resume", tmp_path, ranks=1, ckpt=ckpt)
     assert one_rank["losses"] == pytest.approx(full["losses"][2:], rel=1e-5)
+    wrong = _launch("wrong", tmp_path, ranks=1, ckpt=ckpt)
+    assert wrong["other_shapes"] is not None and "different model" in wrong["other_shapes"]
+    assert wrong["other_kfac_layers"] is not None and "does not match this model" in wrong["other_kfac_layers"]
 
 
 def test_monitor_receives_kfac_timings(tmp_path: Path) -> None:
