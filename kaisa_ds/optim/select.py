@@ -1,11 +1,14 @@
-"""Picks the best LAMB available: NVIDIA Apex FusedLAMB, DeepSpeed's fused Lamb on CUDA, else kaisa_ds's.
+"""Builds LAMB from a DeepSpeed config with the best implementation this machine has.
 
-The PyPI package called ``apex`` is an unrelated web toolkit, so Apex counts only when its CUDA
-extension ``amp_C`` and ``apex.optimizers.FusedLAMB`` both import.
+Order: NVIDIA Apex ``FusedLAMB`` (the reference semantics, fused CUDA kernels), DeepSpeed's ``FusedLamb``
+(CUDA, JIT-built), then ``kaisa_ds.optim.lamb.Lamb`` (pure PyTorch, Apex semantics, any device).
+The PyPI package called ``apex`` is an unrelated web toolkit: Apex counts only when NVIDIA Apex's CUDA
+extension ``amp_C`` exists, checked with ``find_spec`` before anything named ``apex`` is imported.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -13,95 +16,182 @@ from typing import Any
 import torch
 from torch import nn
 
-from kaisa_ds.optim.lamb import Lamb
+from kaisa_ds.optim.lamb import Lamb, global_grad_norm
 
 logger = logging.getLogger(__name__)
 
-# DeepSpeed's Lamb params (ops/lamb/fused_lamb.py) and what they mean here.
-DS_LAMB_KEYS = {"lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff",
-                "min_coeff", "eps_inside_sqrt", "amsgrad"}
-NO_DECAY_NAMES = ("bias", "LayerNorm", "layer_norm", "layernorm")
+# DeepSpeed's "Lamb" optimizer params (deepspeed/ops/lamb/fused_lamb.py); missing ones take Apex's defaults.
+DS_LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff")
+NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm")
 
 
 def is_lamb_config(section: Mapping[str, Any] | None) -> bool:
-    """True when a DeepSpeed ``optimizer`` section asks for LAMB."""
-    return bool(section) and str(section.get("type", "")).lower() in ("lamb", "fusedlamb")  # type: ignore[union-attr]
+    """True when a DeepSpeed ``optimizer`` section asks for LAMB (``type`` compared case-insensitively)."""
+    return isinstance(section, Mapping) and str(section.get("type", "")).lower() == "lamb"
 
 
 def lamb_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
-    """Two groups: weight decay for weights, none for biases and LayerNorm parameters (as BERT does)."""
-    no_decay_ids = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-    decay, no_decay = [], []
+    """Weights with decay, biases and LayerNorm parameters without (BERT's recipe); empty groups dropped.
+
+    A parameter is exempt when it belongs to an ``nn.LayerNorm`` or its name contains 'bias', 'LayerNorm'
+    or 'layer_norm' (HF BERT naming). Tied parameters appear once.
+    """
+    exempt = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if id(p) in no_decay_ids or any(k in name for k in NO_DECAY_NAMES):
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if p.requires_grad:
+            exempt_p = id(p) in exempt or any(part in name for part in NO_DECAY_NAME_PARTS)
+            (no_decay if exempt_p else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
-def _apex_fused_lamb() -> tuple[type | None, str]:
+def _apex_fused_lamb(params: list[Any]) -> tuple[type | None, str]:
+    """NVIDIA Apex FusedLAMB, or None and why not."""
+    if importlib.util.find_spec("amp_C") is None:
+        return None, "NVIDIA Apex is not installed (no amp_C CUDA extension)"
     try:
-        import amp_C  # type: ignore[import-not-found]  # noqa: F401  (NVIDIA Apex's CUDA extension)
         from apex.optimizers import FusedLAMB  # type: ignore[import-not-found]
-    except ImportError as exc:
-        return None, f"NVIDIA Apex not importable ({exc})"
+    except Exception as exc:  # a broken or foreign 'apex' must not stop training
+        return None, f"apex.optimizers.FusedLAMB does not import ({exc!r})"
+    if not torch.cuda.is_available():
+        return None, "NVIDIA Apex FusedLAMB needs CUDA"
+    first = _first_tensor(params)
+    if first is None or not first.is_cuda:  # FusedLAMB allocates its overflow flag on the first param's device
+        return None, "NVIDIA Apex FusedLAMB needs the parameters on the GPU (move the model there first)"
     return FusedLAMB, ""
 
 
 def _deepspeed_fused_lamb() -> tuple[type | None, str]:
+    """DeepSpeed FusedLamb wrapped to receive the global grad norm, or None and why not."""
     if not torch.cuda.is_available():
         return None, "DeepSpeed's FusedLamb needs CUDA"
     try:
-        from deepspeed.ops.lamb import FusedLamb
-        from deepspeed.ops.op_builder import FusedLambBuilder
+        from deepspeed.ops.lamb import fused_lamb
 
-        if not FusedLambBuilder().is_compatible():
-            return None, "DeepSpeed's FusedLamb op is not compatible with this install"
-    except Exception as exc:  # any build/import problem means: not available
-        return None, f"DeepSpeed's FusedLamb unavailable ({exc})"
-    return FusedLamb, ""
+        if not fused_lamb.FusedLambBuilder().is_compatible(verbose=False):
+            return None, "DeepSpeed's FusedLambBuilder is not compatible with this install (ds_report tells why)"
+    except Exception as exc:
+        return None, f"DeepSpeed's FusedLamb unavailable ({exc!r})"
+
+    class GlobalNormFusedLamb(fused_lamb.FusedLamb):  # type: ignore[misc,name-defined]
+        """DeepSpeed FusedLamb given the global gradient norm its clipping needs.
+
+        DeepSpeed passes ``grad_norms`` only from its legacy fp16 path; a client optimizer is stepped
+        without it, and FusedLamb then fails on ``None / scale`` whenever ``max_grad_norm > 0``.
+        """
+
+        def step(self, closure: Any = None, grads: Any = None, output_params: Any = None, scale: float = 1.0,
+                 grad_norms: Any = None) -> Any:
+            if grads is None and grad_norms is None and any(g["max_grad_norm"] > 0 for g in self.param_groups):
+                live = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+                # The grads carry ``scale`` already, as FusedLamb expects of grad_norms. One host sync per step;
+                # FusedLamb's own ``if clip > 1`` would sync once per parameter on a tensor.
+                norm = float(global_grad_norm(live)) if live else 0.0
+                grad_norms = [[norm] * len(g["params"]) for g in self.param_groups]
+            return super().step(closure, grads, output_params, scale, grad_norms)
+
+    return GlobalNormFusedLamb, ""
 
 
-def build_lamb(params: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-               weight_decay: float = 0.01, max_grad_norm: float = 1.0,
-               bias_correction: bool = True) -> tuple[torch.optim.Optimizer, str]:
-    """The best LAMB implementation available, and its name (logged with the reasons for skipping others)."""
-    params = list(params)
-    apex_cls, apex_why = _apex_fused_lamb()
-    if apex_cls is not None and torch.cuda.is_available():
+def _first_tensor(params: list[Any]) -> torch.Tensor | None:
+    for item in params:
+        if isinstance(item, torch.Tensor):
+            return item
+        if isinstance(item, Mapping) and item.get("params"):
+            return next(iter(item["params"]))
+    return None
+
+
+def build_lamb(
+    params_or_groups: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+    weight_decay: float = 0.01, max_grad_norm: float = 1.0, bias_correction: bool = True,
+    max_coeff: float = 10.0, min_coeff: float = 0.01,
+) -> tuple[torch.optim.Optimizer, str]:
+    """The best LAMB available and its name; logs the choice and why better ones were skipped.
+
+    ``max_coeff``/``min_coeff`` clamp the trust ratio in DeepSpeed's FusedLamb only; Apex's and
+    kaisa_ds's LAMB do not clamp it.
+    """
+    params = list(params_or_groups)
+    common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+                  bias_correction=bias_correction)
+    apex_cls, apex_why = _apex_fused_lamb(params)
+    if apex_cls is not None:
         logger.info("LAMB: using NVIDIA Apex FusedLAMB")
-        return apex_cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        max_grad_norm=max_grad_norm, bias_correction=bias_correction), "apex.FusedLAMB"
+        return apex_cls(params, **common), "apex.FusedLAMB"
     ds_cls, ds_why = _deepspeed_fused_lamb()
     if ds_cls is not None:
-        logger.info("LAMB: using DeepSpeed FusedLamb (%s)", apex_why)
-        return ds_cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                      bias_correction=bias_correction, max_grad_norm=max_grad_norm), "deepspeed.FusedLamb"
-    logger.info("LAMB: using kaisa_ds.optim.Lamb (pure PyTorch; %s; %s)", apex_why or "Apex needs CUDA", ds_why)
-    return Lamb(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
-                bias_correction=bias_correction), "kaisa_ds.Lamb"
+        try:
+            opt = ds_cls(params, max_coeff=max_coeff, min_coeff=min_coeff, **common)
+        except Exception as exc:  # the op is JIT-built here: no nvcc, a CUDA mismatch, ...
+            ds_why = f"DeepSpeed's FusedLamb failed to build ({exc!r})"
+        else:
+            logger.info("LAMB: using DeepSpeed FusedLamb (%s). It differs from Apex: trust ratio clamped to "
+                        "[%g, %g] and applied to every parameter, eps added to sqrt(v) before bias correction",
+                        apex_why, min_coeff, max_coeff)
+            return opt, "deepspeed.FusedLamb"
+    logger.info("LAMB: using kaisa_ds.optim.lamb.Lamb (pure PyTorch, Apex FusedLAMB semantics): %s; %s",
+                apex_why, ds_why)
+    return Lamb(params, **common), "kaisa_ds.Lamb"  # type: ignore[arg-type]
 
 
-def lamb_from_ds_config(section: Mapping[str, Any], model: nn.Module) -> tuple[torch.optim.Optimizer, str]:
-    """Build LAMB from a DeepSpeed ``optimizer`` section on BERT's decay / no-decay parameter groups."""
-    params = dict(section.get("params", {}))
-    unknown = sorted(set(params) - DS_LAMB_KEYS)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# key -> (valid?, allowed values in words)
+_RANGES: dict[str, tuple[Any, str]] = {
+    "lr": (lambda v: v >= 0, "a number >= 0"),
+    "eps": (lambda v: v >= 0, "a number >= 0"),
+    "weight_decay": (lambda v: v >= 0, "a number >= 0"),
+    "max_grad_norm": (lambda v: v >= 0, "a number >= 0 (0 turns the global gradient-norm clipping off)"),
+    "max_coeff": (lambda v: v > 0, "a number > 0"),
+    "min_coeff": (lambda v: v >= 0, "a number >= 0"),
+}
+
+
+def lamb_kwargs_from_ds_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``build_lamb`` keyword arguments from DeepSpeed's Lamb ``params``; unknown keys or bad values raise."""
+    unknown = sorted(set(params) - set(DS_LAMB_KEYS))
     if unknown:
-        raise ValueError(f"optimizer.params: unknown Lamb key(s) {unknown}; allowed keys: {sorted(DS_LAMB_KEYS)}")
-    for ignored in ("max_coeff", "min_coeff", "eps_inside_sqrt", "amsgrad"):
-        if ignored in params:
-            logger.info("LAMB: optimizer.params.%s is specific to DeepSpeed's FusedLamb and is ignored", ignored)
-            params.pop(ignored)
-    weight_decay = float(params.pop("weight_decay", 0.01))
-    kwargs: dict[str, Any] = {"lr": float(params.pop("lr", 1e-3)), "weight_decay": weight_decay}
-    if "betas" in params:
-        kwargs["betas"] = tuple(float(b) for b in params.pop("betas"))
-    for key in ("eps", "max_grad_norm"):
+        raise ValueError(f"optimizer.params: unknown Lamb key(s) {unknown}; allowed keys: {list(DS_LAMB_KEYS)}")
+    kwargs: dict[str, Any] = {}
+    for key, (ok, allowed) in _RANGES.items():
         if key in params:
-            kwargs[key] = float(params.pop(key))
+            value = params[key]
+            if not _is_number(value) or not ok(value):
+                raise ValueError(f"optimizer.params.{key}={value!r} is not valid; allowed: {allowed}")
+            kwargs[key] = float(value)
+    if "betas" in params:
+        betas = params["betas"]
+        if not (isinstance(betas, (list, tuple)) and len(betas) == 2
+                and all(_is_number(b) and 0 <= b < 1 for b in betas)):
+            raise ValueError(f"optimizer.params.betas={betas!r} is not valid; allowed: two numbers in [0, 1), "
+                             "e.g. [0.9, 0.999]")
+        kwargs["betas"] = (float(betas[0]), float(betas[1]))
     if "bias_correction" in params:
-        kwargs["bias_correction"] = bool(params.pop("bias_correction"))
-    return build_lamb(lamb_param_groups(model, weight_decay=weight_decay), **kwargs)
+        if not isinstance(params["bias_correction"], bool):
+            raise ValueError(f"optimizer.params.bias_correction={params['bias_correction']!r} is not valid; "
+                             "allowed: true or false")
+        kwargs["bias_correction"] = params["bias_correction"]
+    if kwargs.get("min_coeff", 0.01) > kwargs.get("max_coeff", 10.0):
+        raise ValueError("optimizer.params: min_coeff must not exceed max_coeff")
+    return kwargs
+
+
+def lamb_from_ds_config(optimizer_section: Mapping[str, Any], model: nn.Module) -> tuple[torch.optim.Optimizer, str]:
+    """LAMB for a DeepSpeed ``"optimizer": {"type": "Lamb", "params": {...}}`` section, on BERT's groups.
+
+    Keys missing from ``params`` take Apex FusedLAMB's defaults (lr 1e-3, eps 1e-6, weight_decay 0.01,
+    max_grad_norm 1.0), not DeepSpeed FusedLamb's (eps 1e-8, no decay, no clipping).
+    """
+    if not is_lamb_config(optimizer_section):
+        raise ValueError(f"optimizer.type must be 'Lamb' here, got {optimizer_section.get('type')!r}")
+    params = optimizer_section.get("params", {})
+    if not isinstance(params, Mapping):
+        raise ValueError(f"optimizer.params must be a JSON object, got {params!r}")
+    kwargs = {"lr": 1e-3, **lamb_kwargs_from_ds_params(params)}
+    groups = lamb_param_groups(model, weight_decay=kwargs.get("weight_decay", 0.01))
+    return build_lamb(groups, **kwargs)

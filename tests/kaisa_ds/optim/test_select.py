@@ -1,0 +1,168 @@
+"""Choosing and configuring LAMB: parameter groups, implementation choice, DeepSpeed config sections."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from kaisa_ds.optim.lamb import Lamb
+from kaisa_ds.optim.select import build_lamb, is_lamb_config, lamb_from_ds_config, lamb_param_groups
+
+DS_CONFIGS = Path(__file__).resolve().parents[3] / "ds_configs"
+
+
+def _tiny_bert() -> BertModel:
+    return BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=32, max_position_embeddings=16))
+
+
+def test_param_groups_exclude_bias_and_layernorm_on_bert() -> None:
+    model = _tiny_bert()
+    decay, no_decay = lamb_param_groups(model, weight_decay=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    layer_norm_ids = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    decay_names = sorted(names[id(p)] for p in decay["params"])
+    no_decay_names = sorted(names[id(p)] for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert "embeddings.word_embeddings.weight" in decay_names
+    assert "encoder.layer.0.attention.self.query.weight" in decay_names
+    assert "encoder.layer.1.output.LayerNorm.weight" in no_decay_names
+    assert "embeddings.LayerNorm.bias" in no_decay_names and "pooler.dense.bias" in no_decay_names
+    assert all(n.endswith("weight") and "LayerNorm" not in n for n in decay_names)
+    assert all(n.endswith("bias") or id(dict(model.named_parameters())[n]) in layer_norm_ids for n in no_decay_names)
+    assert len(decay_names) + len(no_decay_names) == len(list(model.parameters()))
+
+
+def test_param_groups_find_layernorm_by_type_and_drop_empty_groups() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4, bias=False), torch.nn.LayerNorm(4))  # names "0.weight", ...
+    decay, no_decay = lamb_param_groups(model, weight_decay=0.1)
+    assert decay["params"] == [model[0].weight] and no_decay["params"] == [model[1].weight, model[1].bias]
+    assert len(lamb_param_groups(torch.nn.Linear(2, 2, bias=False), weight_decay=0.1)) == 1
+
+
+def test_build_lamb_picks_pure_pytorch_on_cpu_and_logs_why(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="kaisa_ds.optim.select"):
+        opt, name = build_lamb(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    assert name == "kaisa_ds.Lamb" and isinstance(opt, Lamb)
+    assert "using kaisa_ds.optim.lamb.Lamb" in caplog.text
+    assert "NVIDIA Apex" in caplog.text and "FusedLamb needs CUDA" in caplog.text
+
+
+def test_the_unrelated_pypi_apex_package_is_never_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module called 'apex' without NVIDIA's amp_C extension must not even be imported."""
+    imported = []
+
+    class Finder:
+        def find_spec(self, name: str, *_: Any) -> None:
+            if name.split(".")[0] == "apex":
+                imported.append(name)
+            return None
+
+    monkeypatch.setattr(sys, "meta_path", [Finder(), *sys.meta_path])
+    _, name = build_lamb(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    assert name == "kaisa_ds.Lamb" and imported == []
+
+
+def test_deepspeed_fused_lamb_gets_the_global_grad_norm(monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """On CUDA without Apex, DeepSpeed's FusedLamb is chosen; stepped as a client optimizer (no grad_norms) it
+    must still see the global norm for its max_grad_norm clipping. The CUDA kernel is replaced by a recorder."""
+    from deepspeed.ops.lamb import fused_lamb
+
+    calls: list[dict[str, Any]] = []
+
+    def kernel(p, out_p, m, v, g, lr, b1, b2, max_coeff, min_coeff, eps, scale, step, eps_mode, bc, decay):  # type: ignore[no-untyped-def]
+        calls.append({"scale": scale, "max_coeff": max_coeff, "min_coeff": min_coeff, "decay": decay, "step": step})
+        return torch.ones(())
+
+    class FakeBuilder:
+        def is_compatible(self, verbose: bool = False) -> bool:
+            return True
+
+        def load(self) -> types.SimpleNamespace:
+            return types.SimpleNamespace(lamb=kernel)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fused_lamb, "FusedLambBuilder", FakeBuilder)
+    a, b = torch.zeros(3, requires_grad=True), torch.zeros(4, requires_grad=True)
+    with caplog.at_level(logging.INFO, logger="kaisa_ds.optim.select"):
+        opt, name = build_lamb([{"params": [a], "weight_decay": 0.01}, {"params": [b], "weight_decay": 0.0}],
+                               lr=1e-3, max_grad_norm=2.0, max_coeff=5.0, min_coeff=0.1)
+    assert name == "deepspeed.FusedLamb" and "using DeepSpeed FusedLamb" in caplog.text
+    a.grad, b.grad = torch.full((3,), 3.0), torch.full((4,), 4.0)  # global norm sqrt(27 + 64)
+    opt.step()
+    want_scale = (91**0.5 + 1e-6) / 2.0  # FusedLamb divides the grads by (norm + 1e-6) / max_grad_norm
+    assert [c["scale"] for c in calls] == pytest.approx([want_scale, want_scale])
+    assert [(c["max_coeff"], c["min_coeff"], c["decay"]) for c in calls] == [(5.0, 0.1, 0.01), (5.0, 0.1, 0.0)]
+
+
+def test_deepspeed_fused_lamb_that_fails_to_build_falls_back(monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    from deepspeed.ops.lamb import fused_lamb
+
+    class BrokenBuilder:
+        def is_compatible(self, verbose: bool = False) -> bool:
+            return True
+
+        def load(self) -> None:
+            raise RuntimeError("nvcc not found")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fused_lamb, "FusedLambBuilder", BrokenBuilder)
+    with caplog.at_level(logging.INFO, logger="kaisa_ds.optim.select"):
+        _, name = build_lamb(torch.nn.Linear(2, 2).parameters(), lr=1e-3)
+    assert name == "kaisa_ds.Lamb" and "nvcc not found" in caplog.text
+
+
+def test_lamb_from_ds_config_maps_the_params() -> None:
+    section = {"type": "Lamb", "params": {"lr": 0.006, "betas": [0.8, 0.99], "eps": 1e-8, "weight_decay": 0.02,
+                                          "bias_correction": False, "max_grad_norm": 0.5, "max_coeff": 10,
+                                          "min_coeff": 0.01}}
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    opt, name = lamb_from_ds_config(section, model)
+    assert name == "kaisa_ds.Lamb"
+    decay, no_decay = opt.param_groups
+    assert (decay["lr"], decay["betas"], decay["eps"], decay["weight_decay"], decay["bias_correction"]) == (
+        0.006, (0.8, 0.99), 1e-8, 0.02, False)
+    assert no_decay["weight_decay"] == 0.0 and opt.defaults["max_grad_norm"] == 0.5
+    defaults, _ = lamb_from_ds_config({"type": "lamb"}, model)  # missing keys: Apex FusedLAMB's defaults
+    assert (defaults.defaults["lr"], defaults.defaults["eps"], defaults.defaults["max_grad_norm"]) == (1e-3, 1e-6, 1.0)
+    assert defaults.param_groups[0]["weight_decay"] == 0.01
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"learning_rate": 1e-3}, r"unknown Lamb key\(s\) \['learning_rate'\]; allowed keys: \['lr', 'betas'"),
+    ({"lr": "fast"}, r"optimizer\.params\.lr='fast' is not valid; allowed: a number >= 0"),
+    ({"betas": [0.9]}, r"optimizer\.params\.betas=\[0\.9\] is not valid"),
+    ({"max_grad_norm": -1}, r"optimizer\.params\.max_grad_norm=-1"),
+    ({"bias_correction": 1}, r"optimizer\.params\.bias_correction=1 is not valid; allowed: true or false"),
+    ({"min_coeff": 5, "max_coeff": 1}, "min_coeff must not exceed max_coeff"),
+])
+def test_lamb_from_ds_config_bad_params_say_what_to_fix(params: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        lamb_from_ds_config({"type": "Lamb", "params": params}, torch.nn.Linear(2, 2))
+
+
+def test_is_lamb_config() -> None:
+    assert is_lamb_config({"type": "LAMB"}) and is_lamb_config({"type": "lamb", "params": {}})
+    assert not is_lamb_config({"type": "AdamW"}) and not is_lamb_config(None) and not is_lamb_config({})
+    with pytest.raises(ValueError, match=r"optimizer\.type must be 'Lamb'"):
+        lamb_from_ds_config({"type": "Adam"}, torch.nn.Linear(2, 2))
+
+
+def test_every_lamb_section_in_ds_configs_builds() -> None:
+    sections = [json.loads(p.read_text()).get("optimizer") for p in sorted(DS_CONFIGS.glob("*.json"))]
+    lamb_sections = [s for s in sections if is_lamb_config(s)]
+    if not lamb_sections:
+        pytest.skip(f"no Lamb optimizer sections under {DS_CONFIGS}")
+    for section in lamb_sections:
+        opt, _ = lamb_from_ds_config(section, torch.nn.Linear(2, 2))
+        assert opt.param_groups[0]["lr"] == section["params"]["lr"]
