@@ -1,36 +1,92 @@
-"""Command line of ``python -m bert_pretrain`` (also ``deepspeed --num_gpus N --module bert_pretrain``)."""
+"""Command line of ``python -m bert_pretrain``.
+
+Under the DeepSpeed launcher use its ``--module`` flag (it has no ``-m``)::
+
+    deepspeed --num_gpus N --module bert_pretrain --phase 1 --config ds_configs/... --output runs/p1
+    deepspeed --num_gpus N bert_pretrain/__main__.py --phase 1 ...      # the same, as a script path
+"""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from bert_pretrain.data.documents import SPLITS
+
+EXAMPLES = """examples (2 CPU ranks, built-in corpus, tiny model):
+  deepspeed --num_gpus 2 --module bert_pretrain --phase 1 --config ds_configs/bert_tiny_phase1.json \\
+      --output runs/bert/phase1 --max-steps 120
+  deepspeed --num_gpus 2 --module bert_pretrain --phase 2 --config ds_configs/bert_tiny_phase2.json \\
+      --output runs/bert/phase2 --init-checkpoint runs/bert/phase1/final --max-steps 30
+real text with the real vocabulary:
+  deepspeed --num_gpus 2 --module bert_pretrain --phase 1 --config ds_configs/bert_tiny_phase1_kfac.json \\
+      --data ../shared/data/wikitext-2/valid.txt --vocab ../shared/data/bert-vocab/vocab.txt \\
+      --model-size mini --output runs/wiki/phase1
+"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m bert_pretrain",
-        description="BERT pretraining (masked LM + next sentence prediction) with LAMB, optionally K-FAC. "
-                    "Phase 1 uses sequences of 128 tokens, phase 2 of 512 and starts from phase 1's final weights. "
-                    "Everything about optimisation (batch sizes, LAMB, precision, ZeRO, K-FAC) comes from --config.")
-    p.add_argument("--phase", type=int, choices=[1, 2], required=True,
-                   help="1: seq 128, max 20 predictions; 2: seq 512, max 80 predictions")
-    p.add_argument("--config", type=Path, required=True, help="DeepSpeed JSON config (see ds_configs/)")
-    p.add_argument("--data", type=Path, nargs="+", required=True,
-                   help="raw text files: a document per blank-line-separated block (WikiText headings also split)")
-    p.add_argument("--vocab", type=Path, help="BERT vocab.txt; default: train a WordPiece vocab on the corpus "
-                   "(phase 2 uses the vocab saved with --init-checkpoint)")
-    p.add_argument("--cased", action="store_true", help="keep case (default: lower-case, as bert-*-uncased)")
-    p.add_argument("--output", type=Path, required=True, help="run folder: metrics.jsonl, loss.png, checkpoints/, "
-                   "final/ (HF model + tokenizer), summary.json")
-    p.add_argument("--data-cache", type=Path, help="where prepared Arrow shards go (default: <output>/../data)")
-    p.add_argument("--model-size", default="tiny", help="tiny, mini, base, large, or a local model folder")
-    p.add_argument("--init-checkpoint", type=Path, help="phase 2: the phase-1 final/ folder to start from")
-    p.add_argument("--max-steps", type=int, help="optimizer steps (default: the config's lr_schedule.total_steps)")
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in <output>/checkpoints")
-    p.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints (0: only at end)")
-    p.add_argument("--eval-every", type=int, default=25, help="optimizer steps between held-out evaluations")
-    p.add_argument("--eval-examples", type=int, default=256, help="held-out examples per evaluation")
-    p.add_argument("--dupe-factor", type=int, default=5, help="copies of the corpus with different masks")
-    p.add_argument("--seed", type=int, default=0, help="seed of initialisation, data order and masking")
-    p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+        prog="python -m bert_pretrain", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="BERT pretraining (masked LM + next sentence prediction) following NVIDIA's two-phase recipe. "
+                    "Phase 1 trains on sequences of 128 tokens, phase 2 on 512 tokens starting from phase 1's final "
+                    "weights with its own optimizer and schedule. Batch sizes, LAMB, the learning-rate schedule, "
+                    "fp16/bf16, ZeRO and K-FAC (its 'kfac' section) all come from --config.")
+    run = p.add_argument_group("run")
+    run.add_argument("--phase", type=int, choices=[1, 2], required=True,
+                     help="1: sequences of 128 tokens, up to 20 masked; 2: 512 tokens, up to 80 masked")
+    run.add_argument("--config", type=Path, required=True,
+                     help="DeepSpeed JSON config (ds_configs/bert_*): batch sizes, optimizer (Lamb), lr_schedule "
+                          "(PolyWarmUp), fp16/bf16, zero_optimization, and kfac.enabled to switch K-FAC on")
+    run.add_argument("--output", type=Path, required=True,
+                     help="run folder: metrics.jsonl, loss.png, summary.json, checkpoints/, and final/ (the "
+                          "model and tokenizer for --init-checkpoint or SQuAD fine-tuning)")
+    run.add_argument("--max-steps", type=int,
+                     help="optimizer steps of this phase; also the schedule's total_steps (default: the config's "
+                          "lr_schedule.total_steps)")
+    run.add_argument("--seed", type=int, default=0,
+                     help="seed of the weights, the data order, the masking and the built-in corpus (default 0)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from the latest checkpoint in <output>/checkpoints, exactly where it stopped")
+    run.add_argument("--save-every", type=int, default=50,
+                     help="optimizer steps between checkpoints (0: only the final one; default 50)")
+    run.add_argument("--keep-checkpoints", type=int, default=3,
+                     help="how many of the newest checkpoints to keep (0: all; default 3)")
+    run.add_argument("--eval-every", type=int, default=25,
+                     help="optimizer steps between held-out evaluations (always at the end; default 25)")
+    run.add_argument("--eval-examples", type=int, default=512,
+                     help="held-out examples per evaluation, spread over the ranks (default 512)")
+    run.add_argument("--stop-after", type=int,
+                     help="stop after this many steps of this invocation without a final save, as if killed "
+                          "(to exercise --resume); the schedule still follows --max-steps")
+    model = p.add_argument_group("model")
+    model.add_argument("--model-size", default="tiny",
+                       help="tiny (hidden 128, 2 layers), mini (256, 4), base, large, or a local model folder "
+                            "(default tiny)")
+    model.add_argument("--init-checkpoint", type=Path,
+                       help="start from these weights: phase 2 takes phase 1's <output>/final (its vocab.txt is "
+                            "used unless --vocab is given)")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", type=Path, nargs="+",
+                      help="raw text files (default: the built-in generated encyclopedia); see --doc-split. "
+                           "WikiText's '= Heading =' lines start a new document")
+    data.add_argument("--doc-split", choices=SPLITS, default="blocks",
+                      help="what a document is: a blank-line-separated block (default) or a whole file")
+    data.add_argument("--articles", type=int, default=200,
+                      help="articles of the built-in corpus, when --data is not given (default 200)")
+    data.add_argument("--vocab", type=Path,
+                      help="BERT vocab.txt (e.g. ../shared/data/bert-vocab/vocab.txt); default: train a "
+                           "WordPiece vocabulary on the corpus and keep it with the prepared data")
+    data.add_argument("--vocab-size", type=int, default=8000,
+                      help="size of a trained vocabulary (default 8000; the corpus may give fewer)")
+    data.add_argument("--cased", action="store_true", help="keep letter case (default: lower-case, as uncased BERT)")
+    data.add_argument("--data-cache", type=Path,
+                      help="folder of the prepared Arrow shards, reused while inputs and settings match "
+                           "(default: <output>/../data, so both phases share one vocabulary)")
+    data.add_argument("--dupe-factor", type=int, default=5,
+                      help="copies of the corpus, each with different masks and pairings (default 5)")
+    data.add_argument("--max-seq-length", type=int, help="tokens per sequence (default 128 in phase 1, 512 in 2)")
+    data.add_argument("--max-predictions", type=int,
+                      help="masked tokens per sequence at most (default 20 in phase 1, 80 in phase 2)")
+    p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher; not needed by hand")
     return p

@@ -1,64 +1,88 @@
 """BERT for pretraining from a named size or a local model folder, and its MLM + NSP loss.
 
-The 30k-wide MLM decoder is applied only at the masked positions (gathered first): the same loss as applying it
-everywhere, at a fraction of the cost.
+The model stays a standard HF ``BertForPreTraining`` (saved and loaded with save_pretrained/from_pretrained);
+``PretrainingLoss`` wraps it for the engine and applies the vocabulary-wide MLM decoder only at the masked
+positions, gathered with fixed shapes (``max_predictions`` per sequence): the same loss as decoding every
+position, for a fraction of the cost, and no host synchronisation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from bert_pretrain.data.documents import DataError
+from bert_pretrain.data.examples import IGNORE
+
+logger = logging.getLogger(__name__)
 SIZES = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072),
-         "large": (1024, 24, 16, 4096)}  # hidden, layers, heads, intermediate
+         "large": (1024, 24, 16, 4096)}  # hidden, layers, attention heads, intermediate
+STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count")
 
 
-def build_model(size_or_dir: str, *, vocab_size: int, max_positions: int = 512) -> Any:
+def build_model(size_or_dir: str | Path, *, vocab_size: int, max_positions: int = 512) -> Any:
     """``BertForPreTraining``: from a saved folder (phase 2 from phase 1), or freshly initialised as BERT does."""
     from transformers import BertConfig, BertForPreTraining
 
     path = Path(size_or_dir)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is not a model folder (no config.json); pass a size: {', '.join(SIZES)}")
-        model = BertForPreTraining.from_pretrained(str(path), local_files_only=True)
+            raise DataError(f"--model-size/--init-checkpoint {path}: not a model folder (no config.json); give a "
+                            f"folder written by save_pretrained, or a size: {', '.join(SIZES)}")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        model = BertForPreTraining.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
         if model.config.vocab_size != vocab_size:
-            raise ValueError(f"{path} has a vocabulary of {model.config.vocab_size} tokens but the data uses "
-                             f"{vocab_size}; prepare the data with that model's vocab.txt (--vocab)")
-        return model
-    if size_or_dir not in SIZES:
-        raise ValueError(f"--model-size {size_or_dir!r}: not a folder nor one of {', '.join(SIZES)}")
-    hidden, layers, heads, inter = SIZES[size_or_dir]
+            raise DataError(f"{path} has a vocabulary of {model.config.vocab_size} tokens but the data uses "
+                            f"{vocab_size}; prepare the data with that model's vocab.txt (--vocab {path}/vocab.txt)")
+        return model.train()  # from_pretrained returns eval mode: no dropout, and K-FAC would capture nothing
+    if str(size_or_dir) not in SIZES:
+        raise DataError(f"--model-size {size_or_dir}: neither a model folder nor one of {', '.join(SIZES)}")
+    hidden, layers, heads, inter = SIZES[str(size_or_dir)]
     return BertForPreTraining(BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
                                          num_attention_heads=heads, intermediate_size=inter,
                                          max_position_embeddings=max_positions))
 
 
-@dataclass
-class Losses:
-    loss: torch.Tensor
-    mlm: torch.Tensor
-    nsp: torch.Tensor
-    mlm_correct: torch.Tensor
-    mlm_count: torch.Tensor
-    nsp_correct: torch.Tensor
-    nsp_count: int
+def check_positions(model: Any, seq_length: int, *, source: str) -> None:
+    """Refuse sequences longer than the model's position embeddings (they would index out of range)."""
+    positions = int(model.config.max_position_embeddings)
+    if seq_length > positions:
+        raise DataError(f"sequences of {seq_length} tokens do not fit {source}, which has {positions} positions; "
+                        f"lower --max-seq-length to {positions} or use a model with more positions")
 
 
-def pretraining_losses(model: Any, batch: dict[str, torch.Tensor]) -> Losses:
-    out = model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                     attention_mask=batch["attention_mask"])
-    labels = batch["mlm_labels"]
-    where = labels != -100
-    logits = model.cls.predictions(out.last_hidden_state[where])
-    targets = labels[where]
-    mlm = F.cross_entropy(logits.float(), targets)
-    nsp_logits = model.cls.seq_relationship(out.pooler_output).float()
-    nsp = F.cross_entropy(nsp_logits, batch["next_sentence_label"])
-    return Losses(mlm + nsp, mlm.detach(), nsp.detach(), (logits.argmax(-1) == targets).sum(),
-                  where.sum(), (nsp_logits.argmax(-1) == batch["next_sentence_label"]).sum(),
-                  int(batch["next_sentence_label"].numel()))
+class PretrainingLoss(nn.Module):
+    """``engine(batch)`` → MLM + NSP loss; ``last`` holds this batch's statistics as one tensor (see ``STATS``)."""
+
+    def __init__(self, bert: Any) -> None:
+        super().__init__()
+        self.bert_model = bert
+        self.last: torch.Tensor | None = None
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        bert, heads = self.bert_model.bert, self.bert_model.cls
+        out = bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                   attention_mask=batch["attention_mask"])
+        positions, targets = batch["masked_lm_positions"], batch["masked_lm_ids"]
+        hidden = out.last_hidden_state
+        picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
+        logits = heads.predictions(picked).float().flatten(0, 1)
+        targets = targets.flatten()
+        mlm = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+        nsp_logits = heads.seq_relationship(out.pooler_output).float()
+        nsp_labels = batch["next_sentence_label"]
+        nsp = F.cross_entropy(nsp_logits, nsp_labels)
+        loss = mlm + nsp
+        with torch.no_grad():
+            counted = targets != IGNORE
+            self.last = torch.stack([
+                loss.detach(), mlm.detach(), nsp.detach(), ((logits.argmax(-1) == targets) & counted).sum().float(),
+                counted.sum().float(), (nsp_logits.argmax(-1) == nsp_labels).sum().float(),
+                loss.new_full((), float(nsp_labels.numel()))])
+        return loss

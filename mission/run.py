@@ -32,7 +32,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model-size", default="tiny", help="tiny (CPU), mini, base or large")
     p.add_argument("--phase1-steps", type=int, default=120, help="phase-1 optimizer steps")
     p.add_argument("--phase2-steps", type=int, default=30, help="phase-2 optimizer steps")
-    p.add_argument("--squad-epochs", type=int, default=2, help="SQuAD fine-tuning epochs")
+    p.add_argument("--squad-epochs", type=int, default=4, help="SQuAD fine-tuning epochs")
     p.add_argument("--config-prefix", default="ds_configs/bert_tiny",
                    help="pretraining configs: <prefix>_phase{1,2}[_kfac].json")
     p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, suffix in VARIANTS.items():
         root = out / ("kfac" if suffix else "lamb")
         runs[label], seconds[label] = root, {}
-        common = ["--data", *map(str, data), "--model-size", args.model_size, "--seed", str(args.seed)]
+        common = ["--data", *map(str, data), "--model-size", args.model_size, "--seed", str(args.seed),
+                  "--data-cache", str(data_dir / "prepared")]  # one vocab and one set of examples for both runs
         if args.vocab:
             common += ["--vocab", str(args.vocab)]
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):

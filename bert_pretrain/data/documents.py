@@ -1,7 +1,10 @@
 """Raw text files → documents → sentences.
 
-A document is a blank-line-separated block, or a whole file when it has no blank lines; WikiText's
-``= Heading =`` lines (any level) start a new document. Sentences are split on terminal punctuation.
+A document is a blank-line-separated block of a file (``split="blocks"``, the format of Google's
+create_pretraining_data) or a whole file (``split="files"``). WikiText files are recognised by their
+``= Heading =`` lines: there every heading (any level) starts a new document and blank lines only separate
+paragraphs, so a document is a section rather than a single paragraph; WikiText's ``@-@``, ``@,@`` and ``@.@``
+tokenisation marks are undone. Sentences are split after terminal punctuation followed by a capital or digit.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from pathlib import Path
 
 HEADING = re.compile(r"^\s*(=+)\s.*\s\1\s*$")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+WIKITEXT_MARKS = re.compile(r" @([-,.])@ ")
+SPLITS = ("blocks", "files")
 
 
 class DataError(ValueError):
@@ -21,25 +26,36 @@ def split_sentences(paragraph: str) -> list[str]:
     return [s.strip() for s in SENTENCE_END.split(paragraph.strip()) if s.strip()]
 
 
-def read_documents(paths: list[Path]) -> list[list[str]]:
-    """Documents as lists of sentences, from every file in ``paths``."""
+def _file_documents(lines: list[str], *, split: str) -> list[list[str]]:
+    wikitext = any(HEADING.match(line) for line in lines)
+    docs: list[list[str]] = []
+    current: list[str] = []
+    for line in lines:
+        heading = wikitext and HEADING.match(line) is not None
+        boundary = heading or (not line.strip() and split == "blocks" and not wikitext)
+        if boundary:
+            if current:
+                docs.append(current)
+            current = []
+        elif line.strip():
+            current.extend(split_sentences(WIKITEXT_MARKS.sub(r"\1", line) if wikitext else line))
+    if current:
+        docs.append(current)
+    return docs
+
+
+def read_documents(paths: list[Path], *, split: str = "blocks") -> list[list[str]]:
+    """Documents as lists of sentences, from every file in ``paths`` (in order)."""
+    if split not in SPLITS:
+        raise DataError(f"--doc-split {split!r} is not valid; use one of {', '.join(SPLITS)}")
     if not paths:
         raise DataError("no input files: pass --data FILE [FILE ...]")
     docs: list[list[str]] = []
     for path in paths:
         if not path.is_file():
-            raise DataError(f"--data: {path} does not exist or is not a file")
+            raise DataError(f"--data: {path} does not exist or is not a file; check the path")
         text = path.read_text(encoding="utf-8", errors="replace")
         if not text.strip():
-            raise DataError(f"--data: {path} is empty; give a file with text")
-        current: list[str] = []
-        for line in text.splitlines():
-            if HEADING.match(line) or not line.strip():
-                if current:
-                    docs.append(current)
-                current = []
-                continue
-            current.extend(split_sentences(line))
-        if current:
-            docs.append(current)
-    return [d for d in docs if d]
+            raise DataError(f"--data: {path} is empty; give a file with text or leave it out")
+        docs.extend(_file_documents(text.splitlines(), split=split))
+    return docs

@@ -1,10 +1,15 @@
 """Sentence-pair examples with masked tokens, following Google's create_pretraining_data.py.
 
-Per document: sentences are packed into chunks up to a target length (shorter with ``short_seq_prob``); a
-chunk is split into segment A and B, where B is the true continuation or (50%, and always for one-sentence
-chunks) text from a random other document; 15% of the tokens (capped at ``max_predictions``) are selected,
-of which 80% become [MASK], 10% a random token and 10% stay. Each document/copy pair has its own seeded RNG, so
-the result does not depend on how the work is split across processes.
+Per document: sentences are packed into chunks up to a target length (with ``short_seq_prob`` a random shorter
+one); a chunk is split into segment A and B, where B is the true continuation or (50%, and always for
+one-sentence chunks) text from a random other document of the same pool, the unused sentences going back to
+the document; 15% of the tokens (capped at ``max_predictions``) are selected, of which 80% become [MASK], 10% a
+random ordinary token and 10% stay. Each (copy, document) pair has its own seeded RNG, so the result does not
+depend on how the work is split across processes.
+
+Stored as NVIDIA's BERT data is: padded ``input_ids``/``token_type_ids``/``attention_mask``, and the masked
+``masked_lm_positions`` with their original ``masked_lm_ids`` padded to ``max_predictions`` (position 0, id -100),
+so the model can gather exactly those positions with fixed shapes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+
+IGNORE = -100  # label of padded prediction slots (cross_entropy's ignore_index)
+COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+           "next_sentence_label")
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class ExampleSettings:
 
 
 def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Random) -> None:
+    """Trim the longer segment, from the front or the back at random, until the pair fits."""
     while len(a) + len(b) > max_tokens:
         longer = a if len(a) > len(b) else b
         if rng.random() < 0.5:
@@ -42,26 +52,57 @@ def _truncate_pair(a: list[int], b: list[int], max_tokens: int, rng: random.Rand
             longer.pop()
 
 
-def _mask(tokens: list[int], s: ExampleSettings, sp: Specials, rng: random.Random) -> tuple[list[int], list[int]]:
-    """Masked input and labels (-100 where nothing is predicted)."""
+def mask_tokens(tokens: list[int], s: ExampleSettings, sp: Specials,
+                rng: random.Random) -> tuple[list[int], list[int], list[int]]:
+    """(masked input, sorted masked positions, original ids at those positions)."""
     candidates = [i for i, t in enumerate(tokens) if t not in (sp.cls, sp.sep)]
     rng.shuffle(candidates)
     n = min(s.max_predictions, max(1, round(len(tokens) * s.masked_lm_prob)))
-    labels = [-100] * len(tokens)
+    positions = sorted(candidates[:n])
     out = list(tokens)
-    for i in sorted(candidates[:n]):
-        labels[i] = tokens[i]
+    for i in positions:
         r = rng.random()
         if r < 0.8:
             out[i] = sp.mask
-        elif r >= 0.9:
-            out[i] = rng.randint(0, sp.vocab_size - 1)
-    return out, labels
+        elif r >= 0.9:  # a random ordinary token (never [CLS]/[SEP]/[MASK]/[PAD])
+            while (token := rng.randint(0, sp.vocab_size - 1)) in (sp.cls, sp.sep, sp.mask, sp.pad):
+                pass
+            out[i] = token
+    return out, positions, [tokens[i] for i in positions]
 
 
-def document_examples(docs: list[list[list[int]]], index: int, s: ExampleSettings, sp: Specials,
+def _example(a: list[int], b: list[int], is_random: bool, s: ExampleSettings, sp: Specials,
+             rng: random.Random) -> dict[str, Any]:
+    tokens = [sp.cls, *a, sp.sep, *b, sp.sep]
+    masked, positions, ids = mask_tokens(tokens, s, sp, rng)
+    pad, pred_pad = s.max_seq_length - len(tokens), s.max_predictions - len(positions)
+    return {"input_ids": masked + [sp.pad] * pad,
+            "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * pad,
+            "attention_mask": [1] * len(tokens) + [0] * pad,
+            "masked_lm_positions": positions + [0] * pred_pad, "masked_lm_ids": ids + [IGNORE] * pred_pad,
+            "next_sentence_label": int(is_random)}
+
+
+def _random_segment(docs: list[list[list[int]]], index: int, pool: list[int], length: int,
+                    rng: random.Random) -> list[int]:
+    """At least ``length`` tokens from a random place in a random other document of ``pool``."""
+    other = index
+    for _ in range(10):
+        other = pool[rng.randint(0, len(pool) - 1)]
+        if other != index:
+            break
+    document = docs[other]
+    out: list[int] = []
+    for sentence in document[rng.randint(0, len(document) - 1):]:
+        out.extend(sentence)
+        if len(out) >= length:
+            break
+    return out
+
+
+def document_examples(docs: list[list[list[int]]], index: int, pool: list[int], s: ExampleSettings, sp: Specials,
                       rng: random.Random) -> list[dict[str, Any]]:
-    """All examples of one document (one copy); ``docs`` are documents of tokenised sentences."""
+    """All examples of one copy of document ``index``; random next segments come from documents in ``pool``."""
     document = docs[index]
     max_tokens = s.max_seq_length - 3
     target = rng.randint(2, max_tokens) if rng.random() < s.short_seq_prob else max_tokens
@@ -74,48 +115,30 @@ def document_examples(docs: list[list[list[int]]], index: int, s: ExampleSetting
         if i == len(document) - 1 or length >= target:
             a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
             a = [t for seg in chunk[:a_end] for t in seg]
-            b: list[int] = []
-            is_random = len(chunk) == 1 or rng.random() < 0.5
-            if is_random and len(docs) > 1:
-                other = index
-                for _ in range(10):
-                    other = rng.randint(0, len(docs) - 1)
-                    if other != index:
-                        break
-                rdoc = docs[other]
-                for seg in rdoc[rng.randint(0, len(rdoc) - 1):]:
-                    b.extend(seg)
-                    if len(b) >= target - len(a):
-                        break
+            is_random = len(pool) > 1 and (len(chunk) == 1 or rng.random() < 0.5)
+            if is_random:
+                b = _random_segment(docs, index, pool, target - len(a), rng)
                 i -= len(chunk) - a_end  # the unused sentences start the next chunk
             else:
-                is_random = False
                 b = [t for seg in chunk[a_end:] for t in seg]
             _truncate_pair(a, b, max_tokens, rng)
             if a and b:
-                tokens = [sp.cls, *a, sp.sep, *b, sp.sep]
-                types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
-                masked, labels = _mask(tokens, s, sp, rng)
-                pad = s.max_seq_length - len(tokens)
-                out.append({"input_ids": masked + [sp.pad] * pad, "token_type_ids": types + [0] * pad,
-                            "attention_mask": [1] * len(tokens) + [0] * pad, "mlm_labels": labels + [-100] * pad,
-                            "next_sentence_label": int(is_random)})
+                out.append(_example(a, b, is_random, s, sp, rng))
             chunk, length = [], 0
         i += 1
     return out
 
 
 def rng_for(seed: int, copy: int, index: int) -> random.Random:
-    return random.Random(seed * 1_000_003 + copy * 7_919 + index)
+    return random.Random(f"{seed}/{copy}/{index}")
 
 
-def batch_examples(batch: dict[str, list[Any]], *, docs: list[list[list[int]]], settings: ExampleSettings,
-                   specials: Specials) -> dict[str, list[Any]]:
-    """``datasets.map`` function: rows (copy, doc) → example columns."""
-    cols: dict[str, list[Any]] = {k: [] for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_labels",
-                                                   "next_sentence_label")}
-    for copy, index in zip(batch["copy"], batch["doc"]):
-        for ex in document_examples(docs, index, settings, specials, rng_for(settings.seed, copy, index)):
+def batch_examples(batch: dict[str, list[Any]], *, docs: list[list[list[int]]], pools: dict[str, list[int]],
+                   settings: ExampleSettings, specials: Specials) -> dict[str, list[Any]]:
+    """``datasets.map`` function: rows (copy, doc, pool name) → example columns."""
+    cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
+    for copy, index, pool in zip(batch["copy"], batch["doc"], batch["pool"]):
+        for ex in document_examples(docs, index, pools[pool], settings, specials, rng_for(settings.seed, copy, index)):
             for k, v in ex.items():
                 cols[k].append(v)
     return cols

@@ -1,81 +1,177 @@
 """Prepare a phase's examples once, as HF datasets Arrow shards with a manifest of the settings.
 
-Re-running with the same inputs and settings reuses the shards. The work is spread over all cores with
-``datasets.map(num_proc=...)``, with datasets' progress bars.
+Layout of the data folder (shared by both phases, so they use one vocabulary)::
+
+    vocab.txt, vocab.json          the vocabulary (given or trained) and what it was made from
+    phase1/{train,heldout}/        Arrow shards; phase1/manifest.json holds the settings they were made with
+    phase2/...
+
+Re-running with the same inputs and settings reuses the shards. Held-out examples come from held-out
+*documents*, so evaluation measures text the model has not trained on. Tokenisation runs in the Rust
+tokenizer's thread pool, example creation in ``datasets.map(num_proc=all cores)``; both show progress bars.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import random
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from bert_pretrain.data.documents import DataError, read_documents
 from bert_pretrain.data.examples import ExampleSettings, Specials, batch_examples
-from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab
+from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
 
 logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
+TOKENIZE_CHUNK = 20_000  # sentences per tokenizer call (one progress-bar tick)
+ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
 
 
 def _fingerprint(paths: list[Path]) -> list[list[Any]]:
-    return [[str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)] for p in paths]
+    return [[str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)] for p in paths if p.is_file()]
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _trained_vocab_wanted(inputs: list[list[Any]], *, lower_case: bool, vocab_size: int) -> dict[str, Any]:
+    return {"source": "trained", "inputs": inputs, "lower_case": lower_case, "vocab_size": vocab_size}
+
+
+def expected_vocab_digest(out_dir: Path, *, vocab: Path | None, inputs: list[list[Any]], lower_case: bool,
+                          vocab_size: int) -> str | None:
+    """The digest the data's vocabulary will have: the given file's, or that of a vocabulary already trained
+    on these same inputs (None: it must be trained first)."""
+    if vocab is not None:
+        return vocab_digest(vocab) if vocab.is_file() else None
+    path, record = out_dir / "vocab.txt", _read_json(out_dir / "vocab.json")
+    wanted = _trained_vocab_wanted(inputs, lower_case=lower_case, vocab_size=vocab_size)
+    if path.is_file() and record is not None and {k: record.get(k) for k in wanted} == wanted \
+            and record.get("digest") == vocab_digest(path):
+        return str(record["digest"])
+    return None
+
+
+def prepare_vocab(docs: list[list[str]], out_dir: Path, *, inputs: list[list[Any]], vocab: Path | None,
+                  lower_case: bool, vocab_size: int) -> Path:
+    """``out_dir/vocab.txt``: a copy of ``vocab``, or trained on ``docs`` (kept while the inputs are the same)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path, record_path = out_dir / "vocab.txt", out_dir / "vocab.json"
+    if vocab is not None:
+        load_tokenizer(vocab, lower_case=lower_case)  # validate before copying
+        if not path.is_file() or vocab.resolve() != path.resolve():
+            shutil.copyfile(vocab, path)
+        record: dict[str, Any] = {"source": str(vocab.resolve()), "digest": vocab_digest(path)}
+    else:
+        if expected_vocab_digest(out_dir, vocab=None, inputs=inputs, lower_case=lower_case,
+                                 vocab_size=vocab_size) is not None:
+            return path
+        logger.info("training a WordPiece vocabulary of up to %d tokens on the corpus", vocab_size)
+        train_vocab(docs, out_dir, vocab_size=vocab_size, lower_case=lower_case)
+        record = {**_trained_vocab_wanted(inputs, lower_case=lower_case, vocab_size=vocab_size),
+                  "digest": vocab_digest(path)}
+    record_path.write_text(json.dumps(record, indent=1))
+    return path
+
+
+def tokenize_documents(docs: list[list[str]], tok: Any) -> list[list[list[int]]]:
+    """Documents of sentences → documents of token-id lists; empty sentences and documents dropped."""
+    sentences = [s for d in docs for s in d]
+    ids: list[list[int]] = []
+    for start in tqdm(range(0, len(sentences), TOKENIZE_CHUNK), desc="tokenising", unit="chunk",
+                      disable=len(sentences) <= TOKENIZE_CHUNK):
+        ids.extend(tok(sentences[start:start + TOKENIZE_CHUNK], add_special_tokens=False)["input_ids"])
+    out, pos = [], 0
+    for d in docs:
+        document = [x for x in ids[pos:pos + len(d)] if x]
+        pos += len(d)
+        if document:
+            out.append(document)
+    return out
+
+
+def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(training, held-out) document indices: a seeded choice of about ``heldout_fraction`` of them."""
+    if n < 3:
+        raise DataError(f"--data: the corpus has {n} usable document(s); at least 3 are needed (2 for training, "
+                        "as next-sentence prediction pairs text from different documents, and 1 held out). "
+                        "Separate documents by blank lines, or pass more files")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    held = set(order[:min(n - 2, max(1, round(n * heldout_fraction)))])
+    return [i for i in range(n) if i not in held], sorted(held)
+
+
+def _features() -> Any:
+    from datasets import Features, Sequence, Value
+
+    ints = Sequence(Value("int32"))
+    return Features({"input_ids": ints, "token_type_ids": Sequence(Value("int8")),
+                     "attention_mask": Sequence(Value("int8")), "masked_lm_positions": ints, "masked_lm_ids": ints,
+                     "next_sentence_label": Value("int8")})
 
 
 def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path | None = None,
-                  lower_case: bool = True, dupe_factor: int = 5, seed: int = 12345, heldout_fraction: float = 0.05,
-                  max_seq_length: int | None = None, num_proc: int | None = None) -> Path:
-    """Write ``out_dir/phase<N>/{train,heldout}`` and ``out_dir/vocab.txt``; return the phase folder."""
+                  lower_case: bool = True, dupe_factor: int = 5, seed: int = 12345, heldout_fraction: float = 0.1,
+                  max_seq_length: int | None = None, max_predictions: int | None = None, doc_split: str = "blocks",
+                  vocab_size: int = 8000, num_proc: int | None = None) -> Path:
+    """Write ``out_dir/phase<N>/{train,heldout}`` (and ``out_dir/vocab.txt``); return the phase folder.
+
+    ``num_proc``: worker processes for example creation (default: all cores, once there is enough work)."""
     from datasets import Dataset, load_from_disk
 
-    seq, max_pred = PHASES[phase]
-    seq = max_seq_length or seq
+    seq, max_pred = max_seq_length or PHASES[phase][0], max_predictions or PHASES[phase][1]
+    if seq < 8 or not 1 <= max_pred <= seq:
+        raise DataError(f"--max-seq-length {seq} / --max-predictions {max_pred}: need a length of at least 8 and "
+                        "1 <= predictions <= length")
+    if dupe_factor < 1:
+        raise DataError(f"--dupe-factor {dupe_factor}: must be at least 1")
     settings = ExampleSettings(max_seq_length=seq, max_predictions=max_pred, dupe_factor=dupe_factor, seed=seed)
-    folder = out_dir / f"phase{phase}"
-    manifest = {"inputs": _fingerprint(texts), "vocab": str(vocab) if vocab else "trained", "lower_case": lower_case,
-                "settings": asdict(settings), "heldout_fraction": heldout_fraction}
-    if (folder / "manifest.json").is_file() and json.loads((folder / "manifest.json").read_text()) == manifest:
-        logger.info("reusing prepared data in %s", folder)
+    folder, inputs = out_dir / f"phase{phase}", _fingerprint(texts)
+    manifest = {"inputs": inputs, "doc_split": doc_split, "lower_case": lower_case, "settings": asdict(settings),
+                "heldout_fraction": heldout_fraction, "vocab_digest": expected_vocab_digest(
+                    out_dir, vocab=vocab, inputs=inputs, lower_case=lower_case, vocab_size=vocab_size)}
+    old, cached = _read_json(folder / "manifest.json"), out_dir / "vocab.txt"
+    if manifest["vocab_digest"] is not None and old == manifest and cached.is_file() \
+            and vocab_digest(cached) == manifest["vocab_digest"]:
+        logger.info("reusing the prepared phase-%d data in %s", phase, folder)
         return folder
-    docs_text = read_documents(texts)
-    vocab_path = out_dir / "vocab.txt"
-    if vocab is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tok = load_tokenizer(vocab, lower_case=lower_case)
-        vocab_path.write_text(vocab.read_text(encoding="utf-8"), encoding="utf-8")
-    else:
-        if not vocab_path.is_file():
-            train_vocab(docs_text, out_dir, lower_case=lower_case)
-        tok = load_tokenizer(vocab_path, lower_case=lower_case)
-    sentences = [s for d in docs_text for s in d]
-    ids = tok(sentences, add_special_tokens=False)["input_ids"]
-    docs, pos = [], 0
-    for d in docs_text:
-        docs.append([x for x in ids[pos:pos + len(d)] if x])
-        pos += len(d)
-    docs = [d for d in docs if d]
-    if len(docs) < 2:
-        raise DataError(f"--data: the corpus has {len(docs)} usable document(s); next-sentence prediction needs at "
-                        "least 2 (separate documents by blank lines)")
+    text_docs = read_documents(texts, split=doc_split)
+    vocab_path = prepare_vocab(text_docs, out_dir, inputs=inputs, vocab=vocab, lower_case=lower_case,
+                               vocab_size=vocab_size)
+    tok = load_tokenizer(vocab_path, lower_case=lower_case)
+    docs = tokenize_documents(text_docs, tok)
+    train_docs, held_docs = split_documents(len(docs), heldout_fraction=heldout_fraction, seed=seed)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
-    rows = Dataset.from_dict({"copy": [c for c in range(dupe_factor) for _ in docs],
-                              "doc": [i for _ in range(dupe_factor) for i in range(len(docs))]})
-    procs = max(1, min(num_proc or os.cpu_count() or 1, len(docs) // 50 or 1))
-    examples = rows.map(batch_examples, batched=True, batch_size=64, remove_columns=["copy", "doc"],
-                        num_proc=procs if procs > 1 else None, desc=f"phase {phase} examples",
-                        fn_kwargs={"docs": docs, "settings": settings, "specials": specials})
-    if len(examples) < 2:
-        raise DataError(f"--data: only {len(examples)} example(s) could be made; the corpus is too small")
-    split = examples.train_test_split(test_size=max(1, int(len(examples) * heldout_fraction)), seed=seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    split["train"].save_to_disk(str(folder / "train"))
-    split["test"].save_to_disk(str(folder / "heldout"))
+    pools = {"train": train_docs, "heldout": held_docs if len(held_docs) > 1 else train_docs}
+    manifest["vocab_digest"] = vocab_digest(vocab_path)
+    digest = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()[:16]
+    if folder.exists():
+        shutil.rmtree(folder)
+    for part, indices in (("train", train_docs), ("heldout", held_docs)):
+        copies = dupe_factor  # held-out copies differ in their masks: more, steadier evaluation examples
+        rows = Dataset.from_dict({"copy": [c for c in range(copies) for _ in indices],
+                                  "doc": [i for _ in range(copies) for i in indices],
+                                  "pool": [part] * (copies * len(indices))})
+        procs = num_proc or max(1, min(os.cpu_count() or 1, len(rows) // ROWS_PER_PROCESS))
+        examples = rows.map(batch_examples, batched=True, batch_size=16, remove_columns=["copy", "doc", "pool"],
+                            num_proc=procs if procs > 1 else None, features=_features(),
+                            desc=f"phase {phase} {part} examples",
+                            new_fingerprint=f"bert-{digest}-{part}",  # datasets would hash all documents otherwise
+                            fn_kwargs={"docs": docs, "pools": pools, "settings": settings, "specials": specials})
+        examples.save_to_disk(str(folder / part))
+        load_from_disk(str(folder / part))  # fail here, not in training, if the shards are unreadable
+        logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples), seq,
+                    len(indices))
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    logger.info("phase %d: %d training and %d held-out examples of %d tokens in %s", phase, len(split["train"]),
-                len(split["test"]), seq, folder)
-    load_from_disk(str(folder / "train"))  # fail here, not in training, if the shards are unreadable
     return folder
