@@ -1,0 +1,7 @@
+"""``python -m squad_finetune``: see :mod:`squad_finetune.cli`."""
+
+import sys
+
+from squad_finetune.cli import main
+
+sys.exit(main())
