@@ -1,124 +1,227 @@
-"""Shared benchmark helpers: machine description, tables, JSON output, timing and BERT models."""
+"""Shared benchmark helpers: machine description, Markdown tables, JSON output, timing, BERT models, spawned ranks.
+
+Every benchmark measures its figures side by side in one run and writes them with the machine that made them,
+so a table can always be traced to a command, a machine and a date.
+"""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import io
 import json
+import os
 import platform
+import queue as queue_module
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
-from datetime import date
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
 RESULTS = Path(__file__).parent / "results"
-BERT_SIZES = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072),
-              "large": (1024, 24, 16, 4096)}  # hidden, layers, heads, intermediate
-KAISA_SKIP = ["embeddings", "cls", "pooler"]
+# hidden, layers, heads, intermediate
+BERT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096),
+}
+# KAISA's BERT recipe: no K-FAC on the embeddings, the pooler or the prediction heads.
+KAISA_SKIP = ("embeddings", "cls", "pooler")
+MASKED_FRACTION = 0.15
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                            "torch": torch.__version__, "date": date.today().isoformat()}
+    """What ran the benchmark: CPU model and cores, torch/transformers versions, GPU name, date."""
+    import transformers
+
+    info: dict[str, Any] = {
+        "cpu_model": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "python": platform.python_version(), "gpu": None,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "load_average_1m": os.getloadavg()[0],  # other work on a shared machine makes timings noisier
+        "threading_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
+    }
     with contextlib.suppress(OSError, StopIteration):
         info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                                  .splitlines() if line.startswith("model name"))
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
     return info
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ", no GPU"
+    env = "".join(f", {k}={v}" for k, v in info.get("threading_env", {}).items())
+    return (f"{info['cpu_model']} ({info['cpu_cores']} cores, {info['torch_threads']} torch threads{env}){gpu}; "
+            f"torch {info['torch']}, transformers {info['transformers']}; {info['date']}")
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=str))
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
-def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """A plain-text table (also valid Markdown)."""
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A Markdown table (also readable as plain text); floats to 4 significant digits."""
     def cell(v: Any) -> str:
+        if isinstance(v, bool) or v is None:
+            return "" if v is None else str(v)
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def median_seconds(fn: Callable[[], Any], repeats: int, *, cuda: bool = False) -> float:
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser whose --help shows the module docstring, with the common ``--out``."""
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}", description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=RESULTS / f"{name}.json", help="JSON output (default: %(default)s)")
+    return p
 
 
-def bert_for_pretraining(size: str, *, vocab: int = 30522, seq: int = 128) -> torch.nn.Module:
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def timed(fn: Callable[[], Any], *, cuda: bool) -> float:
+    """Wall seconds of one call; on a GPU the queue is drained before and after."""
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def bert_for_pretraining(size: str, *, vocab: int = 30522, seq: int = 128, seed: int = 0) -> torch.nn.Module:
+    """HF ``BertForPreTraining`` of a named size, built from a config (nothing downloaded)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import BertConfig, BertForPreTraining
 
+    if size not in BERT_SIZES:
+        raise ValueError(f"unknown BERT size {size!r}; allowed: {', '.join(BERT_SIZES)}")
     hidden, layers, heads, inter = BERT_SIZES[size]
-    torch.manual_seed(0)
-    return BertForPreTraining(BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                         num_attention_heads=heads, intermediate_size=inter,
-                                         max_position_embeddings=max(512, seq)))
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                        intermediate_size=inter, max_position_embeddings=max(512, seq))
+    return BertForPreTraining(config)
 
 
 def pretraining_loss(model: Any, ids: torch.Tensor, labels: torch.Tensor, nsp: torch.Tensor) -> torch.Tensor:
-    """MLM (decoder only at the masked positions) + NSP loss."""
+    """MLM + NSP loss; the vocabulary-wide MLM decoder runs only at the masked positions.
+
+    Gathering the ~15% masked tokens before ``model.cls.predictions`` gives the same loss as applying the
+    decoder everywhere, at a fraction of the cost (see ../shared/notes/bert-on-cpu-facts.md).
+    """
     out = model.bert(input_ids=ids)
-    where = labels != -100
-    mlm = torch.nn.functional.cross_entropy(model.cls.predictions(out.last_hidden_state[where]), labels[where])
-    return mlm + torch.nn.functional.cross_entropy(model.cls.seq_relationship(out.pooler_output), nsp)
+    masked = labels != -100
+    logits = model.cls.predictions(out.last_hidden_state[masked])
+    mlm = torch.nn.functional.cross_entropy(logits.float(), labels[masked])
+    nsp_logits = model.cls.seq_relationship(out.pooler_output)
+    return mlm + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp)
 
 
-def random_batch(batch: int, seq: int, vocab: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
+def random_batch(batch: int, seq: int, vocab: int, device: torch.device | str,
+                 *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random token ids, MLM labels at ~15% of the positions (at least one per sequence), NSP labels."""
+    g = torch.Generator().manual_seed(seed)
     ids = torch.randint(min(1000, vocab // 2), vocab, (batch, seq), generator=g)
-    labels = torch.where(torch.rand(batch, seq, generator=g) < 0.15, ids, torch.full_like(ids, -100))
+    chosen = torch.rand(batch, seq, generator=g) < MASKED_FRACTION
+    chosen[:, 1] = True
+    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
     nsp = torch.randint(0, 2, (batch,), generator=g)
     return ids.to(device), labels.to(device), nsp.to(device)
 
 
-def spawn(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; return each rank's (picklable) result."""
-    import os
-    import tempfile
+# Child processes fork from one server that has already imported torch, transformers' BERT and kaisa_ds:
+# each rank then starts in a fraction of a second instead of re-importing for ~5 s. The server never runs
+# tensor code, so no thread pool is forked.
+PRELOAD = ["torch", "transformers.models.bert.modeling_bert", "kaisa_ds.preconditioner", "benchmarks.common"]
 
+
+def _context() -> Any:
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 1800.0) -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` fresh gloo ranks (one torch thread each); return the
+    ranks' results. ``fn`` must be a module-level function and its results picklable. A rank that fails,
+    dies or runs past ``timeout`` seconds raises here with its traceback or exit code.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_spawned, args=(r, world, init, fn, args, queue)) for r in range(world)]
+        return _run_processes([(r, world, init, fn, args) for r in range(world)], timeout=timeout)
+
+
+def isolated(fn: Callable[..., Any], arg_lists: Sequence[tuple[Any, ...]], *, parallel: int = 2,
+             timeout: float = 1800.0) -> list[Any]:
+    """Run ``fn(0, 1, *args)`` for each ``args`` in its own fresh process (no process group), ``parallel``
+    at a time, so per-process figures such as peak memory start clean; results in order."""
+    results: list[Any] = []
+    for start in range(0, len(arg_lists), parallel):
+        chunk = arg_lists[start:start + parallel]
+        results += _run_processes([(0, 1, None, fn, args) for args in chunk], timeout=timeout)
+    return results
+
+
+def _run_processes(jobs: list[tuple[int, int, str | None, Callable[..., Any], tuple[Any, ...]]], *,
+                   timeout: float) -> list[Any]:
+    ctx = _context()
+    results_queue = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(i, *job, results_queue)) for i, job in enumerate(jobs)]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) < len(jobs):
+            try:
+                index, ok, payload = results_queue.get(timeout=1.0)
+            except queue_module.Empty:
+                dead = [(i, p.exitcode) for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"child processes failed without a result (index, exit code): {dead} "
+                                       f"or ran past {timeout:.0f} s") from None
+                continue
+            if not ok:
+                rank, world = jobs[index][:2]
+                raise RuntimeError(f"rank {rank} of {world} (job {index}) failed:\n{payload}")
+            results[index] = torch.load(io.BytesIO(payload), weights_only=False)
+    finally:
         for p in procs:
-            p.start()
-        results = dict(queue.get(timeout=1800) for _ in range(world))
-        for p in procs:
-            p.join()
-    failed = [r for r, v in results.items() if isinstance(v, str) and v.startswith("FAILED")]
-    if failed:
-        raise RuntimeError(results[failed[0]])
-    return [results[r] for r in range(world)]
+            p.join(timeout=30 if len(results) == len(jobs) else 1)
+            if p.is_alive():
+                p.kill()
+    return [results[i] for i in range(len(jobs))]
 
 
-def _spawned(rank: int, world: int, init: str, fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> None:
-    import traceback
-
+def _child(index: int, rank: int, world: int, init: str | None, fn: Callable[..., Any], args: tuple[Any, ...],
+           out: Any) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-        queue.put((rank, fn(rank, world, *args)))
-    except Exception:
-        queue.put((rank, f"FAILED on rank {rank}:\n{traceback.format_exc()}"))
+        if init is not None:
+            dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+        buf = io.BytesIO()  # plain bytes: shared-memory tensors would die with this process
+        torch.save(fn(rank, world, *args), buf)
+        out.put((index, True, buf.getvalue()))
+    except BaseException:  # the traceback travels to the parent
+        out.put((index, False, traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, stream: torch.Tensor, held: Batch, tok: Any, *
                 h_mlm, _ = losses(model, held)
             model.train()
             curve.append({"step": step + 1, "seconds": train_seconds, "heldout_mlm": float(h_mlm),
-                          "train_loss": float(mlm + nsp)})
+                          "train_loss": float((mlm + nsp).detach())})
     return {"label": label, "lr": lr, "damping": damping, "curve": curve, "train_seconds": train_seconds}
 
 
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sweep-steps", type=int, default=150, help="steps of each sweep run (0: no sweep)")
     p.add_argument("--lr-grid", type=float, nargs="+", default=[5e-3, 1e-2, 2e-2], help="LAMB learning rates")
     p.add_argument("--damping-grid", type=float, nargs="+", default=[1e-3, 1e-2], help="K-FAC dampings")
+    p.add_argument("--kfac-lr-scales", type=float, nargs="+", default=[1.0, 2.0],
+                   help="K-FAC's sweep also tries LAMB's chosen lr times each of these (each optimizer gets its lr)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--warmup", type=float, default=0.1, help="warmup proportion of the poly schedule")
@@ -194,14 +196,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             r = run(args, train_stream, held, tok, lr=cand, damping=None, steps=args.sweep_steps, label=f"lr {cand}")
             sweep.append({"kind": "lamb_lr", "lr": cand, "heldout_mlm": r["curve"][-1]["heldout_mlm"]})
         lr = min((s for s in sweep if s["kind"] == "lamb_lr"), key=lambda s: s["heldout_mlm"])["lr"]
-        for cand in args.damping_grid:
-            r = run(args, train_stream, held, tok, lr=lr, damping=cand, steps=args.sweep_steps,
-                    label=f"damping {cand}")
-            sweep.append({"kind": "kfac_damping", "lr": lr, "damping": cand,
-                          "heldout_mlm": r["curve"][-1]["heldout_mlm"]})
-        damping = min((s for s in sweep if s["kind"] == "kfac_damping"), key=lambda s: s["heldout_mlm"])["damping"]
+        for scale in args.kfac_lr_scales:
+            for cand in args.damping_grid:
+                r = run(args, train_stream, held, tok, lr=lr * scale, damping=cand, steps=args.sweep_steps,
+                        label=f"damping {cand}, lr {lr * scale:g}")
+                sweep.append({"kind": "kfac_damping", "lr": lr * scale, "damping": cand,
+                              "heldout_mlm": r["curve"][-1]["heldout_mlm"]})
+        best = min((s for s in sweep if s["kind"] == "kfac_damping"), key=lambda s: s["heldout_mlm"])
+        damping, kfac_lr = best["damping"], best["lr"]
+    else:
+        kfac_lr = lr
     lamb = run(args, train_stream, held, tok, lr=lr, damping=None, steps=args.steps, label="LAMB")
-    kfac = run(args, train_stream, held, tok, lr=lr, damping=damping, steps=args.steps, label="LAMB + K-FAC")
+    kfac = run(args, train_stream, held, tok, lr=kfac_lr, damping=damping, steps=args.steps, label="LAMB + K-FAC")
     target = lamb["curve"][-1]["heldout_mlm"]
     hit = first_reaching(kfac["curve"], target)
     summary = {
@@ -215,7 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     results = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                            "torch": torch.__version__}, "date": date.today().isoformat(), "sweep": sweep,
-               "chosen": {"lr": lr, "damping": damping}, "lamb": lamb, "kfac": kfac, "summary": summary}
+               "chosen": {"lr": lr, "damping": damping, "kfac_lr": kfac_lr}, "lamb": lamb, "kfac": kfac,
+               "summary": summary}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))
     plot(results, args.out.with_suffix(".png"))

@@ -1,0 +1,65 @@
+"""step_cost: the interval arithmetic, and a tiny end-to-end run whose JSON holds every figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.step_cost import STEP_STAGES, Interval, amortise, main
+
+
+def test_interval_counts_every_kind_of_step_once_per_interval() -> None:
+    assert Interval(5, 50).counts() == {"decomposition": 1, "factor": 9, "plain": 40}
+    assert Interval(1, 10).counts() == {"decomposition": 1, "factor": 9}  # factors every step: no plain step
+    assert Interval(10, 10).counts() == {"decomposition": 1, "plain": 9}
+    with pytest.raises(ValueError, match="multiple of --factor-every"):
+        Interval(3, 10)
+
+
+def test_amortise_weights_each_kind_by_its_count() -> None:
+    zeros = dict.fromkeys(("hook_extra", *STEP_STAGES, "step_untimed"), 0.0)
+    kinds = {"decomposition": {**zeros, "decomposition": 4.0, "hook_extra": 1.0, "kfac_total": 5.0},
+             "factor": {**zeros, "hook_extra": 1.0, "kfac_total": 1.0},
+             "plain": {**zeros, "preconditioning": 0.1, "kfac_total": 0.1}}
+    res = amortise(kinds, Interval(5, 50), baseline_step=1.8)
+    assert res["seconds_per_step"] == pytest.approx((5.0 + 9 * 1.0 + 40 * 0.1) / 50)  # 0.36 s
+    assert res["overhead"] == pytest.approx(0.2)
+    assert res["components_seconds_per_step"]["hook_extra"] == pytest.approx(10.0 / 50)
+    assert res["components_seconds_per_step"]["decomposition"] == pytest.approx(4.0 / 50)
+
+
+def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "step_cost.json"
+    threads = torch.get_num_threads()
+    try:  # one thread: on a busy 2-core machine threaded eigh calls can stall for ~0.5 s each
+        main(["--size", "tiny", "--vocab", "300", "--batch", "2", "--seq", "16", "--factor-every", "2",
+              "--inv-every", "4", "--repeats", "2", "--warmup", "1", "--decomp-sizes", "16", "32", "--threads", "1",
+              "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    data = json.loads(out.read_text())
+    assert {"cpu_model", "cpu_cores", "torch", "date"} <= set(data["machine"])
+    assert data["machine"]["torch_threads"] == 1
+    assert data["settings"]["optimizer"].startswith(("LAMB", "torch.optim.AdamW"))
+    assert data["settings"]["kfac_layers"] == 12  # 2 encoder layers x 6 Linear layers; embeddings/heads skipped
+    kinds = data["step_kinds"]
+    assert set(kinds) == {"decomposition", "factor", "plain"}
+    assert data["amortised"]["counts"] == {"decomposition": 1, "factor": 1, "plain": 2}
+    for kind, row in kinds.items():
+        assert all(row[s] >= 0 for s in ("factor_capture", *STEP_STAGES, "precond_step")), kind
+        assert row["precond_step"] >= sum(row[s] for s in STEP_STAGES) * 0.999
+    # the step counter really selects the kind: decompositions only on the decomposition step,
+    # statistics captured on factor steps and never on plain steps
+    assert kinds["decomposition"]["decomposition"] > 0
+    assert kinds["factor"]["decomposition"] == kinds["plain"]["decomposition"] == 0
+    assert kinds["decomposition"]["factor_capture"] > 0 and kinds["factor"]["factor_capture"] > 0
+    assert kinds["plain"]["factor_capture"] == 0
+    base = data["baseline"]
+    assert base["fwd_bwd_s"] > 0 and base["optimizer_step_s"] > 0
+    assert data["amortised"]["overhead"] == pytest.approx(data["amortised"]["seconds_per_step"] / base["step_s"])
+    assert len(data["rounds"]) == 2
+    assert [r["size"] for r in data["decompositions"]] == [16, 32]
+    assert all(r["eigh_fp32_s"] > 0 and r["inverse_fp32_s"] > 0 for r in data["decompositions"])
