@@ -33,7 +33,8 @@ def plot_losses(runs: dict[str, Path], out: Path) -> None:
         ax.set_title(f"{phase}: training loss (MLM + NSP)")
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("loss")
-        ax.legend()
+        if ax.lines:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

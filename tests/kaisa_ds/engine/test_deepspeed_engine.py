@@ -22,7 +22,9 @@ KFAC: dict[str, Any] = {"damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "
 def _launch(scenario: str, tmp_path: Path, *, ranks: int = 2, ckpt: Path | None = None) -> dict:
     out = tmp_path / scenario
     args = [WORKER, scenario, str(out)] + (["--ckpt", str(ckpt)] if ckpt else [])
-    run_deepspeed(args, num_ranks=ranks)
+    proc = run_deepspeed(args, num_ranks=ranks)
+    # kaisa_ds.init_distributed keeps DeepSpeed from JIT-building its CPU shm op (minutes, needs a compiler)
+    assert "shm_comm" not in proc.stdout + proc.stderr, "DeepSpeed built or loaded its CPU shm op"
     return torch.load(f"{out}.rank0.pt", weights_only=False)
 
 
