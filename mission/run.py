@@ -14,8 +14,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from mission.jobs import REPO, launch
+from mission.jobs import REPO
 from mission.report import write_report
+from mission.stages import StageRecord
 
 logger = logging.getLogger("mission")
 VARIANTS = {"LAMB": "", "LAMB + K-FAC": "_kfac"}
@@ -39,6 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
     p.add_argument("--articles", type=int, default=None, help="articles of the built-in corpus")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fresh", action="store_true",
+                   help="redo every stage; by default a rerun skips stages finished with the same arguments "
+                        "(stages.json) and resumes an interrupted pretraining phase from its last checkpoint")
     return p.parse_args(argv)
 
 
@@ -66,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
         squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed, num_articles=args.articles)
     bar.update()
+    record = StageRecord(out / "stages.json", fresh=args.fresh)
     runs: dict[str, Path] = {}
     seconds: dict[str, dict[str, float]] = {}
     for label, suffix in VARIANTS.items():
@@ -78,16 +83,20 @@ def main(argv: list[str] | None = None) -> int:
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             bar.set_postfix_str(f"{label}: pretraining phase {phase}")
             extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
-            seconds[label][f"phase{phase}"] = launch("bert_pretrain", [
-                "--phase", str(phase), "--config", f"{args.config_prefix}_phase{phase}{suffix}.json",
-                "--output", str(root / f"phase{phase}"), "--max-steps", str(steps), *common, *extra],
-                ranks=args.ranks, log=root / f"phase{phase}.log")
+            phase_args = ["--phase", str(phase), "--config", f"{args.config_prefix}_phase{phase}{suffix}.json",
+                          "--output", str(root / f"phase{phase}"), "--max-steps", str(steps), *common, *extra]
+            seconds[label][f"phase{phase}"] = record.run(
+                f"{root.name}/phase{phase}", "bert_pretrain", phase_args,
+                output=root / f"phase{phase}" / "summary.json", log=root / f"phase{phase}.log", ranks=args.ranks,
+                resume_flag="--resume")
             bar.update()
         bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
-        seconds[label]["squad"] = launch("squad_finetune", [
-            "--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
-            str(squad_eval), "--config", str(args.squad_config), "--output", str(root / "squad"),
-            "--epochs", str(args.squad_epochs), "--eval-before"], ranks=args.ranks, log=root / "squad.log")
+        squad_args = ["--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
+                      str(squad_eval), "--config", str(args.squad_config), "--output", str(root / "squad"),
+                      "--epochs", str(args.squad_epochs), "--eval-before"]
+        seconds[label]["squad"] = record.run(
+            f"{root.name}/squad", "squad_finetune", squad_args, output=root / "squad" / "eval_results.json",
+            log=root / "squad.log", ranks=args.ranks)
         bar.update()
     bar.close()
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,

@@ -1,0 +1,55 @@
+"""mission.stages: a rerun skips finished stages, resumes an interrupted one, and redoes changed ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mission import stages
+from mission.stages import StageRecord
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, list[str]]]:
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_launch(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        calls.append((module, args))
+        if "--crash" in args:
+            raise RuntimeError("stage failed")
+        return 12.5
+
+    monkeypatch.setattr(stages, "launch", fake_launch)
+    return calls
+
+
+def _run(tmp_path: Path, args: list[str], *, fresh: bool = False) -> float:
+    record = StageRecord(tmp_path / "stages.json", fresh=fresh)
+    return record.run("lamb/phase1", "bert_pretrain", args, output=tmp_path / "summary.json", log=tmp_path / "log",
+                      ranks=2, resume_flag="--resume")
+
+
+def test_finished_stage_is_skipped_with_its_recorded_seconds(tmp_path: Path, launches: list) -> None:
+    assert _run(tmp_path, ["--max-steps", "5"]) == 12.5
+    (tmp_path / "summary.json").write_text("{}")
+    assert _run(tmp_path, ["--max-steps", "5"]) == 12.5
+    assert launches == [("bert_pretrain", ["--max-steps", "5"])]
+
+
+def test_changed_arguments_fresh_flag_or_missing_output_rerun(tmp_path: Path, launches: list) -> None:
+    _run(tmp_path, ["--max-steps", "5"])
+    _run(tmp_path, ["--max-steps", "5"])  # output absent: runs again (resuming the same arguments)
+    (tmp_path / "summary.json").write_text("{}")
+    _run(tmp_path, ["--max-steps", "6"])
+    _run(tmp_path, ["--max-steps", "6"], fresh=True)
+    assert [a for _, a in launches] == [["--max-steps", "5"], ["--max-steps", "5", "--resume"],
+                                        ["--max-steps", "6"], ["--max-steps", "6"]]
+
+
+def test_interrupted_stage_resumes_on_the_next_run(tmp_path: Path, launches: list) -> None:
+    with pytest.raises(RuntimeError):
+        _run(tmp_path, ["--crash"])
+    with pytest.raises(RuntimeError):
+        _run(tmp_path, ["--crash"])
+    assert launches[-1] == ("bert_pretrain", ["--crash", "--resume"])
