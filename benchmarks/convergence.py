@@ -4,8 +4,10 @@ Same seed, data order and schedule for both. LAMB's learning rate and K-FAC's da
 that is recorded in the output. Reports held-out MLM loss curves, and the steps and wall time K-FAC needs to
 reach LAMB's final held-out MLM loss.
 
-    python -m benchmarks.convergence --model-size mini --steps 600          # the issue's setting (slow on CPU)
-    python -m benchmarks.convergence --model-size small --seq 64 --steps 800  # what fits a 2-core CPU budget
+    # the recorded run (BERT-mini, ~75 minutes on 2 CPU cores with the sweep; see benchmarks/README.md)
+    python -m benchmarks.convergence --model-size mini --seq 64 --batch 32 --steps 600 --sweep-steps 100 \
+        --factor-every 2 --inv-every 10
+    python -m benchmarks.convergence --model-size small --seq 64 --steps 800  # a smaller, faster variant
 """
 
 from __future__ import annotations
