@@ -176,5 +176,7 @@ class KFACConfig:
         kwargs.update(overrides)
         try:
             return cls(**kwargs)
-        except ValueError as exc:
-            raise ValueError(f"kfac: {exc}") from exc
+        except ValueError as exc:  # every field's message starts with its name: make it the config key
+            text = str(exc)
+            lead = re.match(r"\w+", text)
+            raise ValueError(f"kfac.{text}" if lead and lead.group() in names else f"kfac: {text}") from exc

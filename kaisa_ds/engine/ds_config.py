@@ -80,26 +80,8 @@ def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"kfac: unknown key(s) {', '.join('kfac.' + k for k in unknown)}; allowed keys: {allowed}")
-    kfac_config = _kfac_config(options)
+    kfac_config = KFACConfig.from_dict(options)
     return KFACSection(enabled=enabled, auto_step=auto_step, config=kfac_config if enabled else None)
-
-
-def _kfac_config(options: dict[str, Any]) -> KFACConfig:
-    """``KFACConfig.from_dict`` with the failing key named as ``kfac.<key>`` in the message."""
-    try:
-        return KFACConfig.from_dict(options)
-    except ValueError as exc:
-        for key, value in options.items():  # find the culprit: each key on its own
-            try:
-                KFACConfig.from_dict({key: value})
-            except ValueError as single:
-                text = str(single).removeprefix("kfac: ")
-                if text.startswith(f"kfac.{key}"):
-                    raise ValueError(text) from exc
-                if text.startswith(f"{key}="):
-                    raise ValueError(f"kfac.{text}") from exc
-                raise ValueError(f"kfac.{key}: {text}") from exc
-        raise
 
 
 def zero_stage(config: dict[str, Any]) -> int:

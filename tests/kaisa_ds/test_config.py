@@ -62,6 +62,10 @@ def test_from_dict_builds_step_schedules_and_rejects_unknown_keys() -> None:
         KFACConfig.from_dict({"damping": {"initial": -1}})
     with pytest.raises(ValueError, match=r"kfac\.skip_layers"):
         KFACConfig.from_dict({"skip_layers": 3})
+    with pytest.raises(ValueError, match=r"^kfac\.grad_worker_fraction=3 is not valid"):  # among other keys
+        KFACConfig.from_dict({"damping": 0.01, "grad_worker_fraction": 3, "kl_clip": 0.001})
+    with pytest.raises(ValueError, match=r"^kfac\.inv_dtype='fp8' is not valid"):
+        KFACConfig.from_dict({"inv_dtype": "fp8"})
 
 
 def test_grad_worker_fraction_must_divide_world() -> None:
