@@ -78,7 +78,9 @@ def update_decompositions(p: KFACPreconditioner) -> None:
     facs = p.factors()
     local: dict[str, list[torch.Tensor]] = {}
     for name, f in facs.items():
-        value = f.value if p.assignment.inverse_worker[name] == p.rank else None
+        if p.assignment.inverse_worker[name] != p.rank:
+            continue
+        value = f.value  # at its true scale, whatever the storage dtype
         if value is None:
             continue
         dec = decompose(value, method=method, diagonal=f.diagonal, damping=damping,

@@ -92,12 +92,7 @@ class KroneckerFactor:
         full = average.float()
         peak = full.abs().amax().clamp_min(torch.finfo(torch.float32).tiny)
         scale = torch.exp2(torch.ceil(torch.log2(peak)))  # power of two: exact to divide and multiply back
-        stored = full.div_(scale).to(dtype)
-        if self._stored is not None and self._stored.shape == stored.shape and self._stored.dtype == dtype:
-            self._stored.copy_(stored)  # keep the buffer (it may be referenced by communication buckets)
-        else:
-            self._stored = stored
-        self._scale = scale
+        self._stored, self._scale = full.div_(scale).to(dtype), scale
 
     def commit(self, new: torch.Tensor, decay: float) -> None:
         """Fold a (reduced) window statistic into the running average and clear the window."""
