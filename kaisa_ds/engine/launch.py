@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 
 import torch
 
-logger = logging.getLogger(__name__)
-
 SHM_OPT_IN = "KAISA_DS_CPU_SHM_COMM"  # set to 1 to let DeepSpeed build its CPU shared-memory all-reduce op
+
+
+def free_port() -> int:
+    """A TCP port that is free right now on loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def skip_cpu_shm_build() -> None:
@@ -47,11 +51,8 @@ def init_distributed() -> tuple[int, int]:
     from deepspeed import comm as dist
 
     if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": os.environ.get("MASTER_PORT", str(port))})
+                           "MASTER_PORT": os.environ.get("MASTER_PORT", str(free_port()))})
     if "OMP_NUM_THREADS" not in os.environ and not torch.cuda.is_available():
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     skip_cpu_shm_build()
