@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from mission.jobs import REPO
 from mission.report import write_report
-from mission.stages import StageRecord
+from mission.stages import StageRecord, file_digest
 
 logger = logging.getLogger("mission")
 VARIANTS = {"LAMB": "", "LAMB + K-FAC": "_kfac"}
@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed, num_articles=args.articles)
     bar.update()
     record = StageRecord(out / "stages.json", fresh=args.fresh)
+    data_digest = file_digest([*data, *([args.vocab] if args.vocab else [])])
+    squad_digest = file_digest([squad_train, squad_eval])
     runs: dict[str, Path] = {}
     seconds: dict[str, dict[str, float]] = {}
     for label, suffix in VARIANTS.items():
@@ -85,10 +87,11 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
             phase_args = ["--phase", str(phase), "--config", f"{args.config_prefix}_phase{phase}{suffix}.json",
                           "--output", str(root / f"phase{phase}"), "--max-steps", str(steps), *common, *extra]
+            upstream = record.token(f"{root.name}/phase1") if phase == 2 else data_digest
             seconds[label][f"phase{phase}"] = record.run(
                 f"{root.name}/phase{phase}", "bert_pretrain", phase_args,
                 output=root / f"phase{phase}" / "summary.json", log=root / f"phase{phase}.log", ranks=args.ranks,
-                resume_flag="--resume")
+                inputs=[upstream], resume_flag="--resume")
             bar.update()
         bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
         squad_args = ["--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                       "--epochs", str(args.squad_epochs), "--eval-before"]
         seconds[label]["squad"] = record.run(
             f"{root.name}/squad", "squad_finetune", squad_args, output=root / "squad" / "eval_results.json",
-            log=root / "squad.log", ranks=args.ranks)
+            log=root / "squad.log", ranks=args.ranks, inputs=[record.token(f"{root.name}/phase2"), squad_digest])
         bar.update()
     bar.close()
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,

@@ -53,3 +53,26 @@ def test_interrupted_stage_resumes_on_the_next_run(tmp_path: Path, launches: lis
     with pytest.raises(RuntimeError):
         _run(tmp_path, ["--crash"])
     assert launches[-1] == ("bert_pretrain", ["--crash", "--resume"])
+
+
+def test_a_rerun_stage_reruns_what_reads_its_output_and_changed_data_reruns_its_reader(
+        tmp_path: Path, launches: list) -> None:
+    from mission.stages import file_digest
+
+    data = tmp_path / "corpus.txt"
+    data.write_text("one")
+    (tmp_path / "summary.json").write_text("{}")
+
+    def chain(steps: str) -> None:
+        record = StageRecord(tmp_path / "stages.json", fresh=False)
+        common = {"output": tmp_path / "summary.json", "log": tmp_path / "log", "ranks": 2}
+        record.run("p1", "bert_pretrain", ["--max-steps", steps], inputs=[file_digest([data])], **common)
+        record.run("p2", "bert_pretrain", ["--phase", "2"], inputs=[record.token("p1")], **common)
+
+    chain("5")
+    chain("5")  # nothing changed: both skipped
+    chain("6")  # phase 1 changed: phase 2, with unchanged arguments, must run again
+    data.write_text("two")
+    chain("6")  # the data changed under the same path: both run
+    assert [a for _, a in launches] == [["--max-steps", "5"], ["--phase", "2"], ["--max-steps", "6"], ["--phase", "2"],
+                                        ["--max-steps", "6"], ["--phase", "2"]]
