@@ -10,6 +10,7 @@ character offsets of their context tokens (``(-1, -1)`` elsewhere) so spans can 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -129,21 +130,26 @@ def _fingerprint(
     return hashlib.sha1(key.encode()).hexdigest()
 
 
+def _map_windows(dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, settings: FeatureSettings, *,
+                 kind: str, desc: str, make: Callable[..., dict[str, list[Any]]]) -> datasets.Dataset:
+    """``dataset.map`` of one window builder, cached under a fingerprint of the data, tokenizer and settings."""
+    _check_tokenizer(tokenizer)
+    fn = partial(make, tokenizer=tokenizer, settings=settings)
+    return dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc=desc,
+                       new_fingerprint=_fingerprint(kind, dataset, tokenizer, settings))
+
+
 def build_train_features(
     dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, settings: FeatureSettings
 ) -> datasets.Dataset:
     """Every training window of ``dataset`` (one row per window; a long context gives several)."""
-    _check_tokenizer(tokenizer)
-    fn = partial(train_features, tokenizer=tokenizer, settings=settings)
-    return dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc="Tokenising training questions",
-                       new_fingerprint=_fingerprint("train", dataset, tokenizer, settings))
+    return _map_windows(dataset, tokenizer, settings, kind="train", desc="Tokenising training questions",
+                        make=train_features)
 
 
 def build_eval_features(
     dataset: datasets.Dataset, tokenizer: PreTrainedTokenizerBase, settings: FeatureSettings
 ) -> datasets.Dataset:
     """Every evaluation window of ``dataset``, with ``example_id`` and ``offset_mapping`` for post-processing."""
-    _check_tokenizer(tokenizer)
-    fn = partial(eval_features, tokenizer=tokenizer, settings=settings)
-    return dataset.map(fn, batched=True, remove_columns=dataset.column_names, desc="Tokenising eval questions",
-                       new_fingerprint=_fingerprint("eval", dataset, tokenizer, settings))
+    return _map_windows(dataset, tokenizer, settings, kind="eval", desc="Tokenising eval questions",
+                        make=eval_features)
