@@ -106,7 +106,7 @@ class PayloadCounter:
 
 
 def core_counters(kfac: Any) -> dict[str, int]:
-    counts = {**kfac.comm_bytes, **(kfac._comm.bytes_sent if kfac._comm is not None else {})}
+    counts = {**kfac.comm_bytes, **(kfac.structure.comm.bytes_sent if kfac.structure is not None else {})}
     return {k: int(counts.get(k, 0)) for k in COUNTERS}
 
 
@@ -139,8 +139,8 @@ def _run_strategy(rank: int, world: int, fraction: str, symmetric: bool, size: s
     finally:
         counter.uninstall()
         kfac.remove_hooks()
-    assert kfac.assignment is not None
-    a = kfac.assignment
+    assert kfac.structure is not None
+    a = kfac.structure.assignment
     factors = {name: (f.dim, f.diagonal) for name, f in kfac.factors().items()}
     layers = {name: (ly.g.dim * ly.a.dim, ly.unit) for name, ly in kfac.layers.items()}
     return {"per_step": per_step, "factors": factors, "layers": layers, "grad_workers": a.grad_workers,

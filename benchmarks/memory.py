@@ -94,8 +94,8 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         kfac.step()
         stored = kfac.memory_usage()["factors"]
     usage = kfac.memory_usage()
-    assert kfac.assignment is not None
-    held = {f.name for ly in kfac.layers.values() if kfac.assignment.is_grad_worker(ly.unit, rank)
+    assert kfac.structure is not None
+    held = {f.name for ly in kfac.layers.values() if kfac.structure.assignment.is_grad_worker(ly.unit, rank)
             for f in (ly.a, ly.g)}  # the decompositions this rank must hold
     return {
         "factors_stored": stored, "window_buffer": window, "decompositions": usage["decompositions"],

@@ -90,6 +90,7 @@ class KFACConfig:
     allreduce_bucket_cap_mb: float = 25.0
     loss_scale: Callable[[], float] | None = None
     loss_reduction: LossReduction | str = LossReduction.MEAN
+    factor_sample_fraction: float = 1.0
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +114,11 @@ class KFACConfig:
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
+        frac = self.factor_sample_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+            raise ValueError(f"factor_sample_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
+                             "of tokens whose statistics feed the factors; 1 = all, exact)")
+        self.factor_sample_fraction = float(frac)
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         for name in _RANGES:

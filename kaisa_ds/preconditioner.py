@@ -1,4 +1,9 @@
-"""KFACPreconditioner: wires capture → factors → decomposition → communication → preconditioning."""
+"""KFACPreconditioner: wires capture → factors → decomposition → communication → preconditioning.
+
+It is the one owner of the step's state (counters, structure, decompositions, caches); :mod:`kaisa_ds.step`
+and :mod:`kaisa_ds.state` work through its public attributes, and every change of the structure or of a
+loaded state is built aside and swapped in whole, so an error leaves the object usable.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,18 @@ from torch import nn
 
 from kaisa_ds.capture.hooks import HookCapture
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition
-from kaisa_ds.distributed.assignment import Assignment, WorkUnit, assign_work, resolve_grad_workers
+from kaisa_ds.decomposition.decompose import Decomposition, from_tensors
+from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import rank, world_size
-from kaisa_ds.distributed.kaisa import KAISACommunicator
-from kaisa_ds.enums import LossReduction
+from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
-from kaisa_ds.layers import KFACLayer, discover_layers, share_inputs
-from kaisa_ds.state import export_state, import_state
-from kaisa_ds.step import STAGES, run_step
+from kaisa_ds.factors.sampling import RowSampler
+from kaisa_ds.layers import KFACLayer, discover_layers
+from kaisa_ds.precondition.grouped import GroupedPreconditioner
+from kaisa_ds.state import export_state, validate_state
+from kaisa_ds.step import STAGES, GradWatermark, run_step
+from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info
 from kaisa_ds.timing import StageTimer
 
 logger = logging.getLogger(__name__)
@@ -41,25 +48,33 @@ class KFACPreconditioner:
         self.config = config if config is not None else KFACConfig(**options)
         self.model = model
         self.grads = grad_accessor or ParamGradAccessor()
-        self.layers: dict[str, KFACLayer] = discover_layers(model, self.config)
         self.world, self.rank = world_size(), rank()
         self.grad_workers = resolve_grad_workers(self.config.grad_worker_fraction, self.world)  # type: ignore[arg-type]
         self.steps = 0
         self.skipped_windows = 0
         self.decompositions: dict[str, Decomposition] = {}
-        self.assignment: Assignment | None = None
-        self._comm: KAISACommunicator | None = None
-        self._pending_decompositions: dict[str, Decomposition] | None = None
+        self.needs_decomposition = False  # a loaded state lacked some decompositions
+        self.structure: LayerStructure | None = None
+        self.grouped = GroupedPreconditioner(eigen=self.config.method is ComputeMethod.EIGEN)
+        self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
+        self.watermark = GradWatermark()
         self.timer = StageTimer()
-        self._capture_cache: tuple[int, bool] = (-1, False)
         self.comm_bytes: dict[str, int] = {}
-        self._decompositions_stale = False
-        self._unit_factors: dict[str, list[str]] = {}
-        self._unit_layers: dict[str, list[str]] = {}
+        self._capture_cache: tuple[int, bool] = (-1, False)
         self.capture = HookCapture(enabled=self._capturing, on_input=self._on_input, on_output_grad=self._on_grad)
-        for name, layer in self.layers.items():
+        self.candidates: dict[str, KFACLayer] = discover_layers(model, self.config)
+        self.discovered_info = layer_info(self.candidates)
+        self._attach_all()
+
+    def _attach_all(self) -> None:
+        self.capture.remove_all()
+        for name, layer in self.candidates.items():
             self.capture.attach(name, layer.module)
-        self._discovered_info: dict[str, dict[str, Any]] = {}
+
+    @property
+    def layers(self) -> dict[str, KFACLayer]:
+        """The preconditioned layers: every candidate until the first step, then those whose hooks fired."""
+        return self.structure.layers if self.structure is not None else self.candidates
 
     # ---------------------------------------------------------------- capture
     def _capturing(self) -> bool:
@@ -68,77 +83,69 @@ class KFACPreconditioner:
             self._capture_cache = (self.steps, self.steps % self.config.value("factor_update_steps", self.steps) == 0)
         return self._capture_cache[1]
 
-    def _loss_scale(self) -> float:
+    def loss_scale(self) -> float:
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
+
+    def _select(self, factor: KroneckerFactor) -> Any:
+        sampler, step, pass_index = self.sampler, self.steps, factor.passes
+        return lambda rows: sampler.rows(rows, step=step, pass_index=pass_index)
 
     def _on_input(self, name: str, inp: torch.Tensor) -> None:
         layer = self.layers.get(name)
         if layer is None or layer.a.already_counted(inp):
             return  # a shared A factor already counted this very tensor
-        layer.a.add(*layer.helper.a_statistic(inp))
+        select = self._select(layer.a) if self.sampler.active else None
+        layer.a.add(*(layer.helper.a_statistic(inp, select) if select else layer.helper.a_statistic(inp)))
         layer.a.mark_counted(inp)
 
     def _on_grad(self, name: str, grad: torch.Tensor) -> None:
         layer = self.layers.get(name)
         if layer is None:
             return
-        stat, count = layer.helper.g_statistic(grad)
+        select = self._select(layer.g) if self.sampler.active else None
+        stat, count = layer.helper.g_statistic(grad, select) if select else layer.helper.g_statistic(grad)
         per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
-        layer.g.add(stat.mul_((per_sample / self._loss_scale()) ** 2), count)
+        layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
+
+    def take_capture_seconds(self) -> float:
+        """Seconds spent in the hooks since the last call (reported as the step's factor_capture stage)."""
+        seconds, self.capture.seconds = self.capture.seconds, 0.0
+        return seconds
 
     # ------------------------------------------------------------- structure
     def factors(self) -> dict[str, KroneckerFactor]:
         """Every distinct factor, in a fixed order (shared A factors once)."""
-        out: dict[str, KroneckerFactor] = {}
-        for layer in self.layers.values():
-            out.setdefault(layer.a.name, layer.a)
-            out.setdefault(layer.g.name, layer.g)
-        return out
+        return factors_of(self.layers)
 
-    def _finalize_structure(self, fired: set[str] | None = None, same_input: dict[str, str] | None = None) -> None:
-        """After the first window: drop layers whose hooks never fired, share inputs, assign work."""
-        fired = self._agreed(self.capture.fired) if fired is None else fired
-        if not self._discovered_info:
-            from kaisa_ds.state import _layer_info
+    def ensure_structure(self) -> LayerStructure:
+        """The structure, built on the first step from the layers whose hooks fired on any rank."""
+        if self.structure is None:
+            fired = self._agreed(self.capture.fired)
+            with_grad = set() if fired else {  # only to word the error; the same decision on every rank
+                n for n, ly in self.candidates.items() if self.grads.get(ly.helper.weight) is not None}
+            self._install(build_structure(self.candidates, fired=fired, same_input=self.capture.same_input,
+                                          world=self.world, rank=self.rank, grad_workers=self.grad_workers,
+                                          with_grad=with_grad))
+        assert self.structure is not None
+        return self.structure
 
-            self._discovered_info = _layer_info(self, list(self.layers))
-        for name in [n for n in self.layers if n not in fired]:
+    def _install(self, structure: LayerStructure) -> None:
+        for name in [n for n in self.candidates if n not in structure.layers]:
             logger.warning("K-FAC: skipping %s: its forward hook never fired (the module is not called "
                            "directly, e.g. nn.MultiheadAttention.out_proj)", name)
             self.capture.detach(name)
-            del self.layers[name]
-        if not self.layers:
-            raise RuntimeError("K-FAC: no layer's hooks fired; was the forward pass run in train mode with grad?")
-        share_inputs(self.layers, self.capture.same_input if same_input is None else same_input)
-        units: dict[str, list[str]] = {}
-        for layer in self.layers.values():
-            units.setdefault(layer.unit, [])
-            for f in (layer.a, layer.g):
-                if f.name not in units[layer.unit]:
-                    units[layer.unit].append(f.name)
-        facs = self.factors()
-        work = [WorkUnit(u, tuple((f, facs[f].dim, facs[f].diagonal) for f in fs)) for u, fs in units.items()]
-        self.assignment = assign_work(work, world=self.world, grad_workers=self.grad_workers)
-        self._comm = KAISACommunicator(self.assignment, rank=self.rank)
-        self._unit_factors = units
-        self._unit_layers = {u: [n for n, ly in self.layers.items() if ly.unit == u] for u in units}
-        if self._pending_decompositions is not None:
-            self.decompositions = {f: d for f, d in self._pending_decompositions.items() if self._holds(f)}
-            self._pending_decompositions = None
+        self.structure = structure
+        self.decompositions = {f: d for f, d in self.decompositions.items() if structure.holds(f, self.rank)}
+        self.grouped.invalidate()
 
     def _agreed(self, fired: set[str]) -> set[str]:
         """Layers whose hooks fired on any rank, so every rank keeps the same layers (one-time collective)."""
         if self.world == 1:
-            return fired
-        device = next(iter(self.layers.values())).helper.weight.device
-        flags = torch.tensor([float(n in fired) for n in self.layers], device=device)
+            return set(fired)
+        device = next(iter(self.candidates.values())).helper.weight.device
+        flags = torch.tensor([float(n in fired) for n in self.candidates], device=device)
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return {n for n, f in zip(self.layers, flags.tolist()) if f > 0}
-
-    def _holds(self, factor: str) -> bool:
-        assert self.assignment is not None
-        unit = next(u for u, fs in self._unit_factors.items() if factor in fs)
-        return self.assignment.is_grad_worker(unit, self.rank)
+        return {n for n, f in zip(self.candidates, flags.tolist()) if f > 0}
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
@@ -158,11 +165,18 @@ class KFACPreconditioner:
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def memory_usage(self) -> dict[str, int]:
-        """Bytes held by factors (with any open window buffer) and by decompositions on this rank."""
-        return {
-            "factors": sum(f.nbytes() for f in self.factors().values()),
-            "decompositions": sum(d.nbytes() for d in self.decompositions.values()),
-        }
+        """Bytes held by factors (with any open window buffer), by decompositions and by the cached
+        preconditioning denominators on this rank."""
+        seen: set[int] = set()
+        dec_bytes = 0
+        for d in self.decompositions.values():  # views of one stacked tensor count once
+            for t in d.tensors():
+                key = t.untyped_storage().data_ptr()
+                if key not in seen:
+                    seen.add(key)
+                    dec_bytes += t.untyped_storage().nbytes()
+        return {"factors": sum(f.nbytes() for f in self.factors().values()), "decompositions": dec_bytes,
+                "denominators": self.grouped.nbytes()}
 
     def remove_hooks(self) -> None:
         self.capture.remove_all()
@@ -172,5 +186,43 @@ class KFACPreconditioner:
         return export_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s output; ValueError when it belongs to a different model."""
-        import_state(self, state)
+        """Restore :meth:`state_dict`'s output (same model, any world size). ValueError naming the problem when
+        it belongs to another model or is corrupt (nothing is changed then)."""
+        diagonal = {ly.a.name: ly.a.diagonal for ly in self.candidates.values()}
+        method = self.config.method.value
+        dropped = validate_state(state, discovered=self.discovered_info, diagonal=diagonal, method=method)
+        structure = None
+        if state["layers"] is not None:
+            saved = state["layers"]
+            same_input = {n: next(m for m in saved if saved[m]["a"] == info["a"])
+                          for n, info in saved.items() if not info["a"].startswith(f"{n}.")}
+            fresh = discover_layers(self.model, self.config)  # new factor objects: the old stay intact until swap
+            structure = build_structure(fresh, fired=set(saved), same_input=same_input, world=self.world,
+                                        rank=self.rank, grad_workers=self.grad_workers)
+            facs = structure.factors()
+            device = next(iter(structure.layers.values())).helper.weight.device
+            for name, saved_factor in state["factors"].items():
+                if name in facs:
+                    facs[name].restore(saved_factor, device)
+            self.candidates = fresh
+        self.structure = None
+        self.decompositions = {}
+        self._attach_all()
+        if structure is not None:
+            self.decompositions = self._loaded_decompositions(state, dropped)
+            self._install(structure)
+            present = set(state["decompositions"]) - set(dropped) if state["compute_method"] == method else set()
+            self.needs_decomposition = any(  # decided from the state alone: the same on every rank
+                f.has_value and n not in present for n, f in structure.factors().items())
+        self.steps = int(state["steps"])
+        self.skipped_windows = int(state["skipped_windows"])
+        self.watermark = GradWatermark()
+
+    def _loaded_decompositions(self, state: dict[str, Any], dropped: list[str]) -> dict[str, Decomposition]:
+        method = self.config.method.value
+        if state["compute_method"] != method:
+            return {}
+        device = next(iter(self.candidates.values())).helper.weight.device
+        return {f: from_tensors([t.to(device=device, dtype=self.config.inv_dtype)  # type: ignore[arg-type]
+                                 for t in ts], method=method)
+                for f, ts in state["decompositions"].items() if f not in dropped}

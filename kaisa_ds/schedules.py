@@ -37,6 +37,8 @@ def schedule_from_spec(spec: Any, *, name: str, integer: bool = False) -> Schedu
     if isinstance(spec, bool):
         raise ValueError(f"{name} must be a number or a schedule object, got a boolean")
     if isinstance(spec, (int, float)):
+        if integer and not float(spec).is_integer():
+            raise ValueError(f"{name}={spec!r} is not valid; allowed: an integer >= 1")
         return int(spec) if integer else float(spec)
     if isinstance(spec, dict):
         allowed = {"initial", "milestones", "factor"}
@@ -54,6 +56,8 @@ def schedule_from_spec(spec: Any, *, name: str, integer: bool = False) -> Schedu
         for key, val in (("initial", initial), ("factor", factor)):
             if isinstance(val, bool) or not isinstance(val, (int, float)) or val <= 0:
                 raise ValueError(f"{name}.{key} must be a positive number, got {val!r}")
+        if integer and not float(initial).is_integer():
+            raise ValueError(f"{name}.initial={initial!r} is not valid; allowed: an integer >= 1")
         return StepSchedule(float(initial), tuple(sorted(milestones)), float(factor), integer)
     raise ValueError(
         f"{name} must be a number or a schedule object {{'initial', 'milestones', 'factor'}}, got {spec!r}"

@@ -1,22 +1,26 @@
 """One K-FAC step, phase by phase: reduce → check → commit → decompose → precondition → clip → write.
 
-Kept apart from the preconditioner class so each phase is a small function over its state.
+Every check that can refuse a step runs before anything is changed, so an error leaves the preconditioner
+as it was; the state changes (factor commits, decompositions, gradients, the step counter) happen after.
+Each phase is a function over the preconditioner's public surface (:class:`StepOwner`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import weakref
+from typing import Protocol
 
 import torch
 
-from kaisa_ds.decomposition.decompose import Decomposition, decompose
+from kaisa_ds.config import KFACConfig
+from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
 from kaisa_ds.distributed.collectives import allreduce_mean
-from kaisa_ds.enums import ComputeMethod
-from kaisa_ds.precondition.apply import kl_clip_scale, precondition_eigen, precondition_inverse
-
-if TYPE_CHECKING:
-    from kaisa_ds.preconditioner import KFACPreconditioner
+from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
+from kaisa_ds.precondition.apply import kl_clip_scale
+from kaisa_ds.precondition.grouped import GroupedPreconditioner
+from kaisa_ds.structure import LayerStructure
+from kaisa_ds.timing import StageTimer
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +28,62 @@ STAGES = ("factor_capture", "factor_reduction", "decomposition", "preconditionin
           "kl_clip", "write_grads")
 
 
-def reduce_window(p: KFACPreconditioner) -> dict[str, torch.Tensor]:
+class StepOwner(Protocol):
+    """What a step reads and changes: the preconditioner's public surface."""
+
+    config: KFACConfig
+    grads: GradAccessor
+    world: int
+    rank: int
+    steps: int
+    skipped_windows: int
+    decompositions: dict[str, Decomposition]
+    grouped: GroupedPreconditioner
+    timer: StageTimer
+    comm_bytes: dict[str, int]
+    needs_decomposition: bool
+    watermark: GradWatermark
+
+    def ensure_structure(self) -> LayerStructure: ...
+
+    def loss_scale(self) -> float: ...
+
+    def discard_window(self) -> None: ...
+
+    def take_capture_seconds(self) -> float: ...
+
+
+class GradWatermark:
+    """Remembers the gradient tensors a step wrote, to notice a second step without a new backward pass.
+
+    Only for gradients held in ``param.grad`` (the default accessor): the same tensor object at the same
+    version counter means nothing has touched it since K-FAC wrote it. Engines guard this themselves.
+    """
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[weakref.ref[torch.Tensor], int]] = []
+
+    def record(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> None:
+        if not isinstance(accessor, ParamGradAccessor):
+            return
+        grads = [p.grad for p in params]
+        self._seen = [(weakref.ref(g), g._version) for g in grads if g is not None]
+
+    def unchanged(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> bool:
+        if not self._seen or not isinstance(accessor, ParamGradAccessor):
+            return False
+        grads = [p.grad for p in params if p.grad is not None]
+        return len(grads) == len(self._seen) and all(
+            ref() is g and g._version == version for (ref, version), g in zip(self._seen, grads))
+
+
+def reduce_window(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
     """All-reduce (average) the window statistics of every factor; factors no rank captured are left out.
 
     Ranks that captured nothing for a factor send zeros; a per-factor count of contributing ranks
     keeps the average exact, and keeps every rank's bucket layout identical.
     """
-    factors = list(p.factors().values())
+    factors = list(s.factors().values())
     means = [f.window_mean() for f in factors]
     if not any(m is not None for m in means):
         return {}
@@ -51,11 +104,11 @@ def reduce_window(p: KFACPreconditioner) -> dict[str, torch.Tensor]:
     return {f.name: r for f, r, k in zip(factors, reduced, keep) if k}
 
 
-def read_grads(p: KFACPreconditioner) -> dict[str, torch.Tensor]:
-    """Every layer's (out, in) gradient matrix, unscaled, read in one fixed order on every rank."""
-    scale = p._loss_scale()
+def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
+    """Every layer's (out, in) gradient matrix, unscaled; layers without a gradient are left out."""
+    scale = p.loss_scale()
     grads: dict[str, torch.Tensor] = {}
-    for name, layer in p.layers.items():
+    for name, layer in s.layers.items():
         mat = layer.helper.grad_matrix(p.grads)
         if mat is not None:
             grads[name] = mat / scale if scale != 1.0 else mat
@@ -69,96 +122,84 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
-def update_decompositions(p: KFACPreconditioner) -> None:
-    """Decompose the factors this rank is assigned, then share them within worker groups."""
-    assert p.assignment is not None and p._comm is not None
-    cfg = p.config
-    damping = cfg.value("damping", p.steps)
-    method = cfg.method.value
-    facs = p.factors()
-    local: dict[str, list[torch.Tensor]] = {}
-    for name, f in facs.items():
-        if p.assignment.inverse_worker[name] != p.rank:
-            continue
-        value = f.value  # at its true scale, whatever the storage dtype
-        if value is None:
-            continue
-        dec = decompose(value, method=method, diagonal=f.diagonal, damping=damping,
-                        compute_dtype=cfg.decomposition_dtype, out_dtype=cfg.inv_dtype,  # type: ignore[arg-type]
-                        name=name)
-        if dec is not None:
-            p.decompositions[name] = dec
-    for name, f in facs.items():
-        if p.assignment.inverse_worker[name] == p.rank:
-            local[name] = _with_flag(p, name, f)
-    received = p._comm.broadcast_decompositions(p._unit_factors, local, lambda n: _placeholder(p, n))
-    for name, tensors in received.items():
-        if float(tensors[-1]) > 0:  # validity flag: the source has a decomposition
-            p.decompositions[name] = _from_tensors(p, name, tensors[:-1])
-
-
-def _layout(p: KFACPreconditioner, name: str) -> list[tuple[int, ...]]:
-    f = p.factors()[name]
-    n = f.dim
-    if p.config.method is ComputeMethod.EIGEN:
-        return [(n,)] if f.diagonal else [(n, n), (n,)]
-    return [(n,)] if f.diagonal else [(n, n)]
-
-
-def _placeholder(p: KFACPreconditioner, name: str) -> list[torch.Tensor]:
-    device = next(iter(p.layers.values())).helper.weight.device
+def placeholder(p: StepOwner, s: LayerStructure, name: str) -> list[torch.Tensor]:
+    """Zeros shaped like a factor's decomposition tensors plus a validity flag (0: the sender has none)."""
+    f = s.factors()[name]
+    device = next(iter(s.layers.values())).helper.weight.device
     dtype = p.config.inv_dtype
-    return [torch.zeros(s, dtype=dtype, device=device) for s in _layout(p, name)] + [  # type: ignore[arg-type]
-        torch.zeros(1, dtype=dtype, device=device)]  # type: ignore[arg-type]
+    shapes = layout(f.dim, diagonal=f.diagonal, method=p.config.method.value) + [(1,)]
+    return [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]  # type: ignore[arg-type]
 
 
-def _with_flag(p: KFACPreconditioner, name: str, f: object) -> list[torch.Tensor]:
+def with_flag(p: StepOwner, s: LayerStructure, name: str) -> list[torch.Tensor]:
+    """A factor's decomposition tensors and a validity flag of 1 (the placeholder when there is none)."""
     dec = p.decompositions.get(name)
     if dec is None:
-        return _placeholder(p, name)
+        return placeholder(p, s, name)
     tensors = dec.tensors()
     return [*tensors, torch.ones(1, dtype=tensors[0].dtype, device=tensors[0].device)]
 
 
-def _from_tensors(p: KFACPreconditioner, name: str, tensors: list[torch.Tensor]) -> Decomposition:
-    if p.config.method is ComputeMethod.INVERSE:
-        return Decomposition(inverse=tensors[0])
-    if len(tensors) == 1:
-        return Decomposition(eigvecs=None, eigvals=tensors[0])
-    return Decomposition(eigvecs=tensors[0], eigvals=tensors[1])
+def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
+    """Decompose the factors this rank is assigned, then share them within worker groups."""
+    cfg = p.config
+    mine = {name: (f.value, f.diagonal) for name, f in s.factors().items()
+            if s.decomposes(name, p.rank) and f.has_value}
+    fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method.value,
+                          damping=cfg.value("damping", p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
+                          out_dtype=cfg.inv_dtype)  # type: ignore[arg-type]
+    p.decompositions.update({n: d for n, d in fresh.items() if d is not None})
+    local = {name: with_flag(p, s, name) for name in s.factors() if s.decomposes(name, p.rank)}
+    received = s.comm.broadcast_decompositions(s.unit_factors, local, lambda n: placeholder(p, s, n))
+    if received:
+        names = list(received)
+        valid = torch.cat([received[n][-1].float() for n in names]).tolist()  # one host sync for all flags
+        p.decompositions.update({n: from_tensors(received[n][:-1], method=cfg.method.value)
+                                 for n, ok in zip(names, valid) if ok > 0})
+    p.grouped.invalidate()
 
 
-def precondition_local(p: KFACPreconditioner, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def precondition_local(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Precondition the layers this rank is a gradient worker for (unpreconditioned if no decomposition)."""
-    assert p.assignment is not None
-    damping = p.config.value("damping", p.steps)
-    out: dict[str, torch.Tensor] = {}
-    for name, layer in p.layers.items():
-        if name not in grads or not p.assignment.is_grad_worker(layer.unit, p.rank):
+    pairs, out = {}, {}
+    for name, layer in s.layers.items():
+        if name not in grads or not s.preconditions(name, p.rank):
             continue
         a, g = p.decompositions.get(layer.a.name), p.decompositions.get(layer.g.name)
         if a is None or g is None:
             out[name] = grads[name]
-        elif p.config.method is ComputeMethod.EIGEN:
-            out[name] = precondition_eigen(grads[name], a, g, damping)
         else:
-            out[name] = precondition_inverse(grads[name], a, g)
+            pairs[name] = (a, g)
+    out.update(p.grouped.apply(grads, pairs, damping=p.config.value("damping", p.steps)))
     return out
 
 
-def run_step(p: KFACPreconditioner) -> None:
+def broadcast_gradients(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
+                        pre: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Preconditioned gradients of every layer with a gradient, from their workers (MEM/HYBRID-OPT)."""
+    unit_layers = {u: [n for n in names if n in grads] for u, names in s.unit_layers.items()}
+    pre.update(s.comm.broadcast_gradients(unit_layers, pre, lambda n: [torch.empty_like(grads[n])]))
+    return pre
+
+
+def run_step(p: StepOwner) -> None:
     """The whole K-FAC step (see the module docstring)."""
+    s = p.ensure_structure()  # raises before changing anything when no layer fired
+    params = [ly.helper.weight for ly in s.layers.values()]
+    if p.watermark.unchanged(p.grads, params):
+        logger.warning("K-FAC: step() called again without a new backward pass: the gradients are already "
+                       "preconditioned; nothing done (step %d)", p.steps)
+        return
     timer = p.timer
-    capture_seconds = p.capture.seconds
     timer.reset()
-    timer.add("factor_capture", capture_seconds)
-    p.capture.seconds = 0.0
-    if p.assignment is None:
-        p._finalize_structure()
+    timer.add("factor_capture", p.take_capture_seconds())
     step = p.steps
+    grads = read_grads(p, s)
+    if not grads:
+        raise RuntimeError("K-FAC: no preconditioned layer has a gradient; call loss.backward() before "
+                           "precond.step() (the step counter and the statistics are unchanged)")
     with timer.stage("factor_reduction"):
-        window = reduce_window(p) if p.steps % p.config.value("factor_update_steps", step) == 0 else {}
-    grads = read_grads(p)
+        window = reduce_window(p, s) if step % p.config.value("factor_update_steps", step) == 0 else {}
     if not all_finite(list(window.values()) + list(grads.values())):
         p.skipped_windows += 1
         p.discard_window()
@@ -167,30 +208,28 @@ def run_step(p: KFACPreconditioner) -> None:
         p.steps += 1
         return
     decay = p.config.value("factor_decay", step)
-    factors = p.factors()
+    factors = s.factors()
     for name, stat in window.items():
         factors[name].commit(stat, decay)
-    for f in factors.values():
-        f.discard()
-    if step % p.config.value("inv_update_steps", step) == 0 or p._decompositions_stale:
+    p.discard_window()
+    if step % p.config.value("inv_update_steps", step) == 0 or p.needs_decomposition:
         with timer.stage("decomposition"):
-            update_decompositions(p)
-        p._decompositions_stale = False
+            update_decompositions(p, s)
+        p.needs_decomposition = False
     with timer.stage("preconditioning"):
-        pre = precondition_local(p, grads)
+        pre = precondition_local(p, s, grads)
     with timer.stage("gradient_broadcast"):
-        assert p._comm is not None
-        pre.update(p._comm.broadcast_gradients(
-            p._unit_layers, pre, lambda n: [torch.empty_like(grads[n])]))
+        pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
-        names = [n for n in p.layers if n in pre]
-        kl = p.config.value("kl_clip", step)
-        lr = p.config.value("lr", step)
+        names = [n for n in s.layers if n in pre]
+        kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
               if kl is not None else None)
     with timer.stage("write_grads"):
-        scale = p._loss_scale()
+        scale = p.loss_scale()
         for n in names:
             out = pre[n] * nu if nu is not None else pre[n]
-            p.layers[n].helper.write_grad(p.grads, out * scale if scale != 1.0 else out)
+            s.layers[n].helper.write_grad(p.grads, out * scale if scale != 1.0 else out)
+    p.watermark.record(p.grads, params)
     p.steps += 1
+

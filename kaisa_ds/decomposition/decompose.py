@@ -1,19 +1,22 @@
 """Eigendecompositions and damped inverses of factors, with an FP64 retry and a keep-previous fallback.
 
 Factors may be stored in FP16/BF16; they are cast to FP32 (or FP64 on request) here and the result
-is stored in ``inv_dtype``. A decomposition that raises or returns non-finite values is retried in
-FP64; if that also fails the caller keeps its previous decomposition (``None`` is returned), so a
-bad factor never crashes training.
+is stored in ``inv_dtype``. Factors of one size are decomposed in one batched call with one finiteness
+check (one host sync per size, not per factor). A decomposition that raises or returns non-finite values
+is retried alone in FP64; if that also fails the caller keeps its previous decomposition (``None`` is
+returned), so a bad factor never crashes training.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 logger = logging.getLogger(__name__)
+BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call (a temporary copy)
 
 
 @dataclass
@@ -31,6 +34,25 @@ class Decomposition:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
+    def is_finite(self) -> bool:
+        return all(bool(torch.isfinite(t).all()) for t in self.tensors())
+
+
+def layout(dim: int, *, diagonal: bool, method: str) -> list[tuple[int, ...]]:
+    """Shapes of :meth:`Decomposition.tensors` for a factor of size ``dim`` (what a receiver allocates)."""
+    if method == "eigen":
+        return [(dim,)] if diagonal else [(dim, dim), (dim,)]
+    return [(dim,)] if diagonal else [(dim, dim)]
+
+
+def from_tensors(tensors: list[torch.Tensor], *, method: str) -> Decomposition:
+    """The inverse of :meth:`Decomposition.tensors`."""
+    if method != "eigen":
+        return Decomposition(inverse=tensors[0])
+    if len(tensors) == 1:
+        return Decomposition(eigvecs=None, eigvals=tensors[0])
+    return Decomposition(eigvecs=tensors[0], eigvals=tensors[1])
+
 
 def _eigen(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool) -> Decomposition:
     f = factor.to(dtype)
@@ -44,12 +66,12 @@ def _inverse(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool, damping: 
     f = factor.to(dtype)
     if diagonal:
         return Decomposition(inverse=1.0 / (f + damping))
-    eye = torch.eye(f.shape[0], dtype=dtype, device=f.device)
+    eye = torch.eye(f.shape[-1], dtype=dtype, device=f.device)
     return Decomposition(inverse=torch.linalg.inv(f + damping * eye))
 
 
-def _finite(dec: Decomposition) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in dec.tensors())
+def _cast(dec: Decomposition, dtype: torch.dtype) -> Decomposition:
+    return Decomposition(*(t.to(dtype) if t is not None else None for t in (dec.eigvecs, dec.eigvals, dec.inverse)))
 
 
 def decompose(
@@ -60,16 +82,66 @@ def decompose(
     dtypes = [compute_dtype] if compute_dtype == torch.float64 else [compute_dtype, torch.float64]
     for dtype in dtypes:
         try:
-            if method == "eigen":
-                dec = _eigen(factor, dtype, diagonal)
-            else:
-                dec = _inverse(factor, dtype, diagonal, damping)
+            dec = _eigen(factor, dtype, diagonal) if method == "eigen" else _inverse(factor, dtype, diagonal, damping)
         except (RuntimeError, torch.linalg.LinAlgError) as exc:  # type: ignore[misc]
             logger.warning("K-FAC: %s decomposition failed in %s (%s)", name, dtype, exc)
             continue
-        if _finite(dec):
-            return Decomposition(*(t.to(out_dtype) if t is not None else None
-                                   for t in (dec.eigvecs, dec.eigvals, dec.inverse)))
+        if dec.is_finite():
+            return _cast(dec, out_dtype)
         logger.warning("K-FAC: %s decomposition in %s is not finite", name, dtype)
     logger.warning("K-FAC: keeping the previous decomposition of %s", name)
     return None
+
+
+def _batches(names: list[str], dim: int) -> list[list[str]]:
+    per = max(1, BATCH_BYTES // (dim * dim * 4))
+    return [names[i:i + per] for i in range(0, len(names), per)]
+
+
+def decompose_all(
+    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: str, damping: float, compute_dtype: torch.dtype,
+    out_dtype: torch.dtype,
+) -> dict[str, Decomposition | None]:
+    """Decompose ``{name: (factor, diagonal)}``; dense factors of equal size go through one batched call.
+
+    A batch that raises or yields any non-finite value falls back to :func:`decompose` per factor, so one bad
+    factor costs only its own FP64 retry.
+    """
+    out: dict[str, Decomposition | None] = {}
+    by_dim: dict[int, list[str]] = {}
+    for name, (value, diagonal) in factors.items():
+        if diagonal:
+            out[name] = decompose(value, method=method, diagonal=True, damping=damping, compute_dtype=compute_dtype,
+                                  out_dtype=out_dtype, name=name)
+        else:
+            by_dim.setdefault(value.shape[-1], []).append(name)
+    for dim, names in by_dim.items():
+        for chunk in _batches(names, dim):
+            out.update(_decompose_batch(factors, chunk, method=method, damping=damping, compute_dtype=compute_dtype,
+                                        out_dtype=out_dtype))
+    return {name: out[name] for name in factors}
+
+
+def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: str,
+                     damping: float, compute_dtype: torch.dtype,
+                     out_dtype: torch.dtype) -> dict[str, Decomposition | None]:
+    def one_by_one() -> dict[str, Decomposition | None]:
+        return {n: decompose(factors[n][0], method=method, diagonal=False, damping=damping,
+                             compute_dtype=compute_dtype, out_dtype=out_dtype, name=n) for n in names}
+
+    if len(names) == 1:
+        return one_by_one()
+    stacked = torch.stack([factors[n][0].to(compute_dtype) for n in names])
+    try:
+        dec = _eigen(stacked, compute_dtype, False) if method == "eigen" else _inverse(stacked, compute_dtype,
+                                                                                       False, damping)
+    except (RuntimeError, torch.linalg.LinAlgError):  # type: ignore[misc]
+        return one_by_one()
+    del stacked
+    if not dec.is_finite():  # one host sync for the whole batch
+        return one_by_one()
+    dec = _cast(dec, out_dtype)
+    if dec.eigvecs is not None and dec.eigvals is not None:
+        return {n: Decomposition(eigvecs=dec.eigvecs[i], eigvals=dec.eigvals[i]) for i, n in enumerate(names)}
+    assert dec.inverse is not None
+    return {n: Decomposition(inverse=dec.inverse[i]) for i, n in enumerate(names)}

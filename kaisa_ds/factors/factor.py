@@ -45,6 +45,11 @@ class KroneckerFactor:
         self._last_input = weakref.ref(inp)
 
     @property
+    def passes(self) -> int:
+        """Forward (A) or backward (G) passes added to the open window so far."""
+        return self._passes
+
+    @property
     def has_window(self) -> bool:
         return self._sum is not None
 

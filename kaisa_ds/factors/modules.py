@@ -62,11 +62,12 @@ class ModuleHelper:
     def g_dim(self) -> int:
         return int(self.weight.shape[0])
 
-    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        """``(Σ a aᵀ, samples)`` of one pass; ``select`` picks the rows (samples) to use."""
         raise NotImplementedError
 
-    def g_statistic(self, grad_out: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim)
+    def g_statistic(self, grad_out: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim, select=select)
 
     def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
         """``[∇W | ∇b]`` as (out, in) in FP32, or None when the weight has no gradient."""
@@ -95,8 +96,8 @@ class LinearHelper(ModuleHelper):
     def a_dim(self) -> int:
         return int(self.weight.shape[1]) + (1 if self.bias is not None else 0)
 
-    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return st.linear_input_sum(inp, has_bias=self.bias is not None)
+    def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        return st.linear_input_sum(inp, has_bias=self.bias is not None, select=select)
 
 
 class Conv2dHelper(ModuleHelper):
@@ -107,8 +108,8 @@ class Conv2dHelper(ModuleHelper):
         w = self.weight
         return int(w.shape[1] * w.shape[2] * w.shape[3]) + (1 if self.bias is not None else 0)
 
-    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return st.conv2d_input_sum(inp, self.module)  # type: ignore[arg-type]
+    def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        return st.conv2d_input_sum(inp, self.module, select=select)  # type: ignore[arg-type]
 
 
 class EmbeddingHelper(ModuleHelper):
@@ -126,8 +127,8 @@ class EmbeddingHelper(ModuleHelper):
     def bias(self) -> nn.Parameter | None:
         return None
 
-    def a_statistic(self, inp: torch.Tensor) -> tuple[torch.Tensor, int]:
-        return st.embedding_input_sum(inp, self.a_dim)
+    def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        return st.embedding_input_sum(inp, self.a_dim)  # token counts: cheap, always from every token
 
     def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
         gw = accessor.get(self.weight)

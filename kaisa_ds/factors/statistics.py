@@ -7,43 +7,62 @@ Returning sums rather than means lets micro-batches of different sizes accumulat
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+Rows = Callable[[torch.Tensor], torch.Tensor]  # picks the rows to use (a sampler), or keeps them all
 
-def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False) -> tuple[torch.Tensor, int]:
-    """``Σ x xᵀ`` over the rows of a (samples, features) matrix, computed in FP32.
+
+def keep_all(x: torch.Tensor) -> torch.Tensor:
+    """Every row (full statistics)."""
+    return x
+
+
+def gram(x: torch.Tensor) -> torch.Tensor:
+    """``xᵀ x`` in FP32. Half-precision CUDA inputs use tensor-core GEMMs with FP32 accumulation and output
+    (no FP32 copy of the activations, and no overflow of an FP16 result)."""
+    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        return torch.mm(x.t(), x, out_dtype=torch.float32)
+    x = x.to(torch.float32)
+    return x.t() @ x
+
+
+def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False,
+                      select: Rows = keep_all) -> tuple[torch.Tensor, int]:
+    """``Σ x xᵀ`` over the (selected) rows of a (samples, features) matrix, in FP32, and the row count.
 
     With ``append_ones`` the result is that of ``[x, 1]`` without materialising the extra column:
     the border is the column sums and the corner the sample count.
     """
-    x = rows.detach().to(torch.float32)
+    x = select(rows.detach())
     n, d = x.shape
     if not append_ones:
-        return x.t() @ x, n
-    out = x.new_empty(d + 1, d + 1)
-    out[:d, :d] = x.t() @ x
-    col = x.sum(0)
+        return gram(x), n
+    out = torch.empty(d + 1, d + 1, dtype=torch.float32, device=x.device)
+    out[:d, :d] = gram(x)
+    col = x.sum(0, dtype=torch.float32)
     out[:d, d] = col
     out[d, :d] = col
     out[d, d] = n
     return out, n
 
 
-def linear_input_sum(x: torch.Tensor, *, has_bias: bool) -> tuple[torch.Tensor, int]:
+def linear_input_sum(x: torch.Tensor, *, has_bias: bool, select: Rows = keep_all) -> tuple[torch.Tensor, int]:
     """A-statistic of an ``nn.Linear`` input of any rank; the bias adds a column of ones."""
-    return second_moment_sum(x.reshape(-1, x.shape[-1]), append_ones=has_bias)
+    return second_moment_sum(x.reshape(-1, x.shape[-1]), append_ones=has_bias, select=select)
 
 
-def conv2d_input_sum(x: torch.Tensor, conv: nn.Conv2d) -> tuple[torch.Tensor, int]:
+def conv2d_input_sum(x: torch.Tensor, conv: nn.Conv2d, *, select: Rows = keep_all) -> tuple[torch.Tensor, int]:
     """A-statistic of an ``nn.Conv2d`` input from its extracted patches (one sample per output position)."""
     if isinstance(conv.padding, str):
         raise ValueError(f"Conv2d padding={conv.padding!r} is not supported by K-FAC; use numeric padding")
     patches = F.unfold(x.detach(), conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
                        stride=conv.stride)  # (B, C*kh*kw, L)
     rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
-    return second_moment_sum(rows, append_ones=conv.bias is not None)
+    return second_moment_sum(rows, append_ones=conv.bias is not None, select=select)
 
 
 def embedding_input_sum(ids: torch.Tensor, num_embeddings: int) -> tuple[torch.Tensor, int]:
@@ -53,7 +72,8 @@ def embedding_input_sum(ids: torch.Tensor, num_embeddings: int) -> tuple[torch.T
     return counts, flat.numel()
 
 
-def output_grad_sum(grad: torch.Tensor, *, channels_dim: int = -1) -> tuple[torch.Tensor, int]:
+def output_grad_sum(grad: torch.Tensor, *, channels_dim: int = -1,
+                    select: Rows = keep_all) -> tuple[torch.Tensor, int]:
     """G-statistic of an output gradient; conv maps put channels on dim 1."""
     g = grad.movedim(channels_dim, -1) if channels_dim != -1 else grad
-    return second_moment_sum(g.reshape(-1, g.shape[-1]))
+    return second_moment_sum(g.reshape(-1, g.shape[-1]), select=select)

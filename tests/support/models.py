@@ -47,3 +47,18 @@ class TinyConvNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+class TinyWithUnusedHead(nn.Module):
+    """TinyTransformerish plus a head whose output never reaches the loss (BERT's pooler with NSP off):
+    its forward hook fires but its weight gets no gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = TinyTransformerish()
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.body(ids)
+        self.head(out)  # computed, unused
+        return out

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from kaisa_ds import KFACPreconditioner
 from tests.support.launch import run_distributed
-from tests.support.models import TinyTransformerish
+from tests.support.models import TinyTransformerish, TinyWithUnusedHead
 
 GLOBAL_BATCH = 8
 STEPS = 3
@@ -20,10 +20,11 @@ def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(STEPS)]
 
 
-def _train(fraction: float | str, rank: int, world: int, symmetry_aware: bool = False) -> list[dict[str, torch.Tensor]]:
+def _train(fraction: float | str, rank: int, world: int, symmetry_aware: bool = False,
+           unused_head: bool = False) -> list[dict[str, torch.Tensor]]:
     """Run STEPS K-FAC steps on this rank's shard; return the preconditioned grads after each step."""
     torch.manual_seed(0)
-    model = TinyTransformerish()
+    model: torch.nn.Module = TinyWithUnusedHead() if unused_head else TinyTransformerish()
     precond = KFACPreconditioner(model, grad_worker_fraction=fraction, damping=0.01, kl_clip=0.05, lr=0.1,
                                  inv_update_steps=2, factor_decay=0.9, symmetry_aware=symmetry_aware)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -35,10 +36,11 @@ def _train(fraction: float | str, rank: int, world: int, symmetry_aware: bool = 
         torch.nn.functional.mse_loss(model(ids), target).backward()
         if world > 1:
             for p in model.parameters():
-                dist.all_reduce(p.grad)
-                p.grad /= world
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= world
         precond.step()
-        out.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        out.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
     return out
 
@@ -51,6 +53,10 @@ def _all_strategies(rank: int, world: int) -> dict[str, list[dict[str, torch.Ten
     results = {str(f): _train(f, rank, world) for f in _strategies(world)}
     results["symmetric"] = _train(1.0, rank, world, symmetry_aware=True)
     return results
+
+
+def _unused_head_strategies(rank: int, world: int) -> dict[str, list[dict[str, torch.Tensor]]]:
+    return {str(f): _train(f, rank, world, unused_head=True) for f in _strategies(world)}
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +88,14 @@ def test_kfac_changes_gradients(reference: list[dict[str, torch.Tensor]]) -> Non
     torch.nn.functional.mse_loss(model(ids), target).backward()
     plain = model.out.weight.grad
     assert not torch.allclose(plain, reference[0]["out.weight"], atol=1e-4)
+
+
+def test_a_layer_without_gradient_gives_the_same_result_under_every_strategy() -> None:
+    """A layer whose hook fires but whose weight gets no gradient (an unused head) is left alone by every
+    strategy, and the other layers match the single-process run (it used to raise KeyError in MEM/HYBRID-OPT)."""
+    want = _train(1.0, 0, 1, unused_head=True)
+    assert all("head.weight" not in step for step in want)
+    for rank, results in enumerate(run_distributed(_unused_head_strategies, 2)):
+        for label, got in results.items():
+            _assert_close(got, want, f"unused head, rank {rank} {label}")
+            assert all(set(g) == set(w) for g, w in zip(got, want))

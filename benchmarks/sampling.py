@@ -1,0 +1,176 @@
+"""Accuracy lost by sampled factor statistics (``factor_sample_fraction``) against the time they save.
+
+One BERT model with fixed weights sees ``--windows`` batches. Several preconditioners, one per fraction, hang on
+the same model, so every fraction sees exactly the same activations and gradients; the one at fraction 1 is the
+reference. After each window every preconditioner commits its factors (running average, decay 0.95),
+decomposes them and preconditions the same raw gradient. Reported per fraction, as medians over layers:
+  factor error, one window     ‖F_sampled − F_full‖ / ‖F_full‖ of the first window's factors (A and G);
+  factor error, running avg.   the same after ``--windows`` windows of the running average;
+  preconditioned-gradient err. ‖P_sampled(∇) − P_full(∇)‖ / ‖P_full(∇)‖ after the last window, and the cosine;
+  capture seconds              time inside the statistics hooks per factor step (median over windows).
+
+    python -m benchmarks.sampling                                  # BERT-mini, batch 32 x 128, random tokens
+    python -m benchmarks.sampling --text ../shared/data/wikitext-2/valid.txt --vocab ../shared/data/bert-vocab/vocab.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.common import (
+    KAISA_SKIP,
+    MASKED_FRACTION,
+    bert_for_pretraining,
+    machine,
+    machine_line,
+    median,
+    parser,
+    pretraining_loss,
+    random_batch,
+    table,
+    write_json,
+)
+
+FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int,
+                 seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Consecutive ``seq``-token windows of a real text, 15% of the positions as MLM targets."""
+    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
+
+    tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
+    ids = torch.tensor(tok(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
+    need = batch * seq * count
+    if ids.numel() < need:
+        raise ValueError(f"{text} has {ids.numel()} tokens; {need} are needed for --windows {count}")
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for w in ids[:need].view(count, batch, seq):
+        chosen = torch.rand(batch, seq, generator=g) < MASKED_FRACTION
+        chosen[:, 1] = True
+        out.append((w, torch.where(chosen, w, torch.full_like(w, -100)), torch.randint(0, 2, (batch,), generator=g)))
+    return out
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from kaisa_ds import KFACPreconditioner
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    vocab_size = 30522
+    if args.text:
+        batches = text_batches(args.text, args.vocab, batch=args.batch, seq=args.seq, count=args.windows)
+        vocab_size = sum(1 for line in args.vocab.read_text(encoding="utf-8").splitlines() if line)
+    else:
+        batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i) for i in range(args.windows)]
+    model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq)
+    preconds = {f: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
+                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=f)
+                for f in args.fractions}
+    first: dict[float, dict[str, torch.Tensor]] = {}
+    capture: dict[float, list[float]] = {f: [] for f in args.fractions}
+    pre: dict[float, dict[str, torch.Tensor]] = {}
+    watched = {f"{n}.weight" for n in next(iter(preconds.values())).layers}  # the preconditioned weights
+    for window, batch in enumerate(tqdm(batches, desc="windows", unit="window")):
+        model.zero_grad(set_to_none=True)
+        pretraining_loss(model, *batch).backward()
+        raw = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        for f, precond in preconds.items():
+            for n, p in model.named_parameters():  # every preconditioner sees the same raw gradient
+                if n in raw:
+                    p.grad = raw[n].clone()
+            precond.step()
+            capture[f].append(precond.timings["factor_capture"])
+            if window == 0:
+                first[f] = {n: fac.value.float().clone() for n, fac in precond.factors().items()
+                            if fac.value is not None and not fac.diagonal}
+            pre[f] = {n: p.grad.clone() for n, p in model.named_parameters() if n in watched and p.grad is not None}
+    final = {f: {n: fac.value.float() for n, fac in p.factors().items() if fac.value is not None and not fac.diagonal}
+             for f, p in preconds.items()}
+    ref = args.fractions[0]
+    rows = []
+    for f in args.fractions:
+        cos = [float(torch.nn.functional.cosine_similarity(pre[f][n].flatten(), pre[ref][n].flatten(), dim=0))
+               for n in pre[ref]]
+        rows.append({
+            "fraction": f,
+            "factor_err_one_window": median([_relative(first[f][n], first[ref][n]) for n in first[ref]]),
+            "factor_err_running_avg": median([_relative(final[f][n], final[ref][n]) for n in final[ref]]),
+            "precond_grad_err": median([_relative(pre[f][n], pre[ref][n]) for n in pre[ref]]),
+            "precond_grad_cosine": median(cos),
+            "capture_s": median(capture[f][1:] or capture[f]),
+        })
+    base = rows[0]["capture_s"]
+    for row in rows:
+        row["capture_vs_full"] = row["capture_s"] / base if base else None
+    return {"machine": machine(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "rows": rows}
+
+
+def report(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    head = (f"BERT-{s['size']} batch {s['batch']}x{s['seq']}, {s['windows']} windows, "
+            f"{'text ' + str(s['text']) if s['text'] else 'random tokens'}; medians over layers")
+    cols = ["fraction", "factor_err_one_window", "factor_err_running_avg", "precond_grad_err", "precond_grad_cosine",
+            "capture_s", "capture_vs_full"]
+    return "\n".join([head, machine_line(res["machine"]), "", table(res["rows"], cols)])
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in res["rows"] if r["fraction"] < 1.0]
+    fr = [r["fraction"] for r in rows]
+    fig, (ax, tx) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (("factor_err_one_window", "factor, one window"),
+                       ("factor_err_running_avg", "factor, running average"),
+                       ("precond_grad_err", "preconditioned gradient")):
+        ax.plot(fr, [r[key] for r in rows], "o-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="factor_sample_fraction", ylabel="relative error vs. fraction 1",
+           title="accuracy lost by sampling")
+    ax.legend()
+    tx.plot([r["fraction"] for r in res["rows"]], [r["capture_vs_full"] for r in res["rows"]], "s-")
+    tx.set(xscale="log", xlabel="factor_sample_fraction", ylabel="statistics time / full", title="time kept")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = parser("sampling", __doc__)
+    p.add_argument("--size", default="mini", help="BERT size (default: %(default)s)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--windows", type=int, default=10, help="factor windows (batches) seen (default: %(default)s)")
+    p.add_argument("--damping", type=float, default=0.001)
+    p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS),
+                   help="fractions to compare; the first is the reference (default: %(default)s)")
+    p.add_argument("--text", type=Path, help="a text file to take the tokens from (default: random tokens)")
+    p.add_argument("--vocab", type=Path, help="the BERT vocab.txt for --text")
+    p.add_argument("--threads", type=int, help="torch threads")
+    args = p.parse_args(argv)
+    if args.fractions[0] != 1.0:
+        p.error("--fractions must start with 1.0, the reference")
+    if args.text and not args.vocab:
+        p.error("--text needs --vocab")
+    res = measure(args)
+    write_json(res, args.out)
+    plot(res, args.out.with_suffix(".png"))
+    print(report(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()

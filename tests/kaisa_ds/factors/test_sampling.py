@@ -1,0 +1,88 @@
+"""Sampled factor statistics: exact at fraction 1, unbiased below it, the same rows on every rank."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kaisa_ds import KFACConfig, KFACPreconditioner
+from kaisa_ds.factors.sampling import RowSampler
+from kaisa_ds.factors.statistics import second_moment_sum
+from tests.support.models import TinyTransformerish
+
+
+def _rows(n: int = 64, d: int = 5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    trend = torch.linspace(0.1, 3.0, n).unsqueeze(1)  # rows differ systematically: a biased subset shows
+    return torch.randn(n, d, generator=g) * trend + trend
+
+
+def test_fraction_one_keeps_every_row_and_the_exact_statistic() -> None:
+    x = _rows()
+    sampler = RowSampler(fraction=1.0)
+    assert sampler.rows(x, step=3, pass_index=0) is x
+    full, n = second_moment_sum(x, append_ones=True)
+    same, m = second_moment_sum(x, append_ones=True, select=lambda r: sampler.rows(r, step=3, pass_index=0))
+    assert n == m == 64 and torch.equal(full, same)
+
+
+def test_sampled_mean_is_unbiased() -> None:
+    x = _rows()
+    full_sum, n = second_moment_sum(x, append_ones=True)
+    full = full_sum / n
+    sampler = RowSampler(fraction=0.25)
+    draws = []
+    for step in range(600):
+        s, k = second_moment_sum(x, append_ones=True, select=lambda r, s=step: sampler.rows(r, step=s, pass_index=0))
+        assert k == math.ceil(0.25 * 64)
+        draws.append(s / k)
+    single = (draws[0] - full).norm() / full.norm()
+    averaged = (torch.stack(draws).mean(0) - full).norm() / full.norm()
+    assert single > 0.05  # one draw is noisy...
+    assert averaged < 0.02  # ...but the draws average to the full statistic
+    first_rows = x[:16]  # a biased rule (always the first rows) would not
+    biased = (first_rows.t() @ first_rows / 16 - full[:5, :5]).norm() / full[:5, :5].norm()
+    assert biased > 0.3
+
+
+def test_rows_depend_on_step_and_pass_only() -> None:
+    a, b = RowSampler(fraction=0.5), RowSampler(fraction=0.5)  # e.g. two ranks
+    kw = {"device": torch.device("cpu")}
+    assert torch.equal(a.indices(100, step=7, pass_index=1, **kw), b.indices(100, step=7, pass_index=1, **kw))
+    assert not torch.equal(a.indices(100, step=7, pass_index=1, **kw), a.indices(100, step=8, pass_index=1, **kw))
+    assert not torch.equal(a.indices(100, step=7, pass_index=1, **kw), a.indices(100, step=7, pass_index=2, **kw))
+
+
+def _factors(fraction: float, step: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, kl_clip=None, factor_sample_fraction=fraction)
+    precond.steps = step  # a different subset per run, as on successive steps
+    g = torch.Generator().manual_seed(5)
+    ids, target = torch.randint(0, 11, (8, 6), generator=g), torch.randn(8, 6, 5, generator=g)
+    F.mse_loss(model(ids), target).backward()
+    precond.step()
+    return {f"{n}.{k}": getattr(ly, f"{k.lower()}_factor").float() for n, ly in precond.layers.items()
+            for k in ("A", "G")}
+
+
+def test_preconditioner_factors_are_unbiased_and_differ_per_step() -> None:
+    full = _factors(1.0, 0)
+    runs = [_factors(0.5, step) for step in range(0, 120, 6)]  # steps that capture factors (interval 1)
+    for key, want in full.items():
+        if key.endswith("emb.A"):
+            continue  # token counts are always taken from every token
+        mean = torch.stack([r[key] for r in runs]).mean(0)
+        assert (mean - want).norm() / want.norm() < 0.1, key
+    assert not torch.equal(runs[0]["query.A"], full["query.A"])
+
+
+def test_fraction_is_validated_by_name() -> None:
+    for bad in (0, 1.5, -0.1, True):
+        with pytest.raises(ValueError, match="factor_sample_fraction"):
+            KFACConfig(factor_sample_fraction=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kfac\.factor_sample_fraction"):
+        KFACConfig.from_dict({"factor_sample_fraction": 2})
