@@ -110,7 +110,7 @@ class SideBySide:
         self.kfac = KFACPreconditioner(
             self.kmodel, factor_update_steps=args.factor_every, inv_update_steps=args.inv_every, damping=0.001,
             kl_clip=0.001, lr=args.lr, skip_layers=KAISA_SKIP, factor_dtype=args.factor_dtype,
-            factor_sample_fraction=args.sample_fraction, compute_method=args.compute_method)
+            factor_sample_fraction=args.sample_fraction, compute_method=args.compute_method, inv_dtype=args.inv_dtype)
         self.kfac.timer.sync = self.cuda
 
     def fwd_bwd(self, model: torch.nn.Module) -> None:
@@ -211,8 +211,9 @@ def report(res: dict[str, Any]) -> str:
     lines = [f"BERT-{s['size']} {s['dtype']} batch {s['batch']}x{s['seq']} on {s['device']}, "
              f"optimizer {s['optimizer']}, "
              f"{s['kfac_layers']} K-FAC layers; factors every {s['factor_every']}, decompositions every "
-             f"{s['inv_every']} steps, {s.get('compute_method', 'eigen')} method, factor_sample_fraction "
-             f"{s.get('sample_fraction', 1.0)}; medians of {s['repeats']} rounds", machine_line(res["machine"]), ""]
+             f"{s['inv_every']} steps, {s.get('compute_method', 'eigen')} method, "
+             f"inv_dtype {s.get('inv_dtype', 'fp32')}, factor_sample_fraction {s.get('sample_fraction', 1.0)}; "
+             f"medians of {s['repeats']} rounds", machine_line(res["machine"]), ""]
     rows = [{"what": "baseline forward+backward", **{k: res["baseline"]["fwd_bwd_s"] for k in kinds}},
             {"what": "optimizer step", **{k: res["baseline"]["optimizer_step_s"] for k in kinds}}]
     for comp in ("kfac_fwd_bwd", "hook_extra", "factor_capture", *STEP_STAGES, "step_untimed", "precond_step",
@@ -254,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--sample-fraction", type=float, default=1.0,
                    help="factor_sample_fraction: share of tokens feeding the factor statistics (default 1: all)")
     p.add_argument("--compute-method", default="eigen", choices=["eigen", "inverse"], help="K-FAC compute_method")
+    p.add_argument("--inv-dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="K-FAC inv_dtype: decompositions stored and applied in this dtype (default fp32)")
     p.add_argument("--repeats", type=int, default=7, help="measured rounds; medians are reported")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")

@@ -1,16 +1,19 @@
-"""Accuracy lost by sampled factor statistics (``factor_sample_fraction``) against the time they save.
+"""Accuracy lost by K-FAC's cheap settings against the exact ones: sampled factor statistics
+(``factor_sample_fraction``) and half-precision decompositions (``inv_dtype``), with the time each saves.
 
-One BERT model with fixed weights sees ``--windows`` batches. Several preconditioners, one per fraction, hang on
-the same model, so every fraction sees exactly the same activations and gradients; the one at fraction 1 is the
-reference. After each window every preconditioner commits its factors (running average, decay 0.95),
-decomposes them and preconditions the same raw gradient. Reported per fraction, as medians over layers:
+One BERT model with fixed weights sees ``--windows`` batches. Several preconditioners, one per variant
+(``FRACTION:INV_DTYPE``), hang on the same model, so every variant sees exactly the same activations and
+gradients; the first variant (``1:fp32``, exact) is the reference. After each window every preconditioner
+commits its factors (running average, decay 0.95), decomposes them and preconditions the same raw gradient.
+Reported per variant, as medians over layers:
   factor error, one window     ‖F_sampled − F_full‖ / ‖F_full‖ of the first window's factors (A and G);
   factor error, running avg.   the same after ``--windows`` windows of the running average;
   preconditioned-gradient err. ‖P_sampled(∇) − P_full(∇)‖ / ‖P_full(∇)‖ after the last window, and the cosine;
-  capture seconds              time inside the statistics hooks per factor step (median over windows).
+  capture seconds              time inside the statistics hooks per factor step (median over windows);
+  precondition seconds         time of the preconditioning stage per step (median over windows).
 
-    python -m benchmarks.sampling                                  # BERT-mini, batch 32 x 128, random tokens
-    python -m benchmarks.sampling --text ../shared/data/wikitext-2/valid.txt --vocab ../shared/data/bert-vocab/vocab.txt
+    python -m benchmarks.accuracy                                  # BERT-mini, batch 32 x 128, random tokens
+    python -m benchmarks.accuracy --text ../shared/data/wikitext-2/valid.txt --vocab ../shared/data/bert-vocab/vocab.txt
 """
 
 from __future__ import annotations
@@ -36,7 +39,13 @@ from benchmarks.common import (
     write_json,
 )
 
-FRACTIONS = (1.0, 0.5, 0.25, 0.125, 0.0625)
+VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
+
+
+def parse_variant(text: str) -> tuple[float, str]:
+    """``"0.25:bf16"`` → (0.25, "bf16")."""
+    fraction, _, dtype = text.partition(":")
+    return float(fraction), dtype or "fp32"
 
 
 def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int,
@@ -73,12 +82,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     else:
         batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i) for i in range(args.windows)]
     model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq)
-    preconds = {f: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
-                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=f)
-                for f in args.fractions}
-    first: dict[float, dict[str, torch.Tensor]] = {}
-    capture: dict[float, list[float]] = {f: [] for f in args.fractions}
-    pre: dict[float, dict[str, torch.Tensor]] = {}
+    preconds = {v: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
+                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=parse_variant(v)[0],
+                                      inv_dtype=parse_variant(v)[1])
+                for v in args.variants}
+    first: dict[str, dict[str, torch.Tensor]] = {}
+    capture: dict[str, list[float]] = {v: [] for v in args.variants}
+    precondition: dict[str, list[float]] = {v: [] for v in args.variants}
+    pre: dict[str, dict[str, torch.Tensor]] = {}
     watched = {f"{n}.weight" for n in next(iter(preconds.values())).layers}  # the preconditioned weights
     for window, batch in enumerate(tqdm(batches, desc="windows", unit="window")):
         model.zero_grad(set_to_none=True)
@@ -90,28 +101,31 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     p.grad = raw[n].clone()
             precond.step()
             capture[f].append(precond.timings["factor_capture"])
+            precondition[f].append(precond.timings["preconditioning"])
             if window == 0:
                 first[f] = {n: fac.value.float().clone() for n, fac in precond.factors().items()
                             if fac.value is not None and not fac.diagonal}
             pre[f] = {n: p.grad.clone() for n, p in model.named_parameters() if n in watched and p.grad is not None}
     final = {f: {n: fac.value.float() for n, fac in p.factors().items() if fac.value is not None and not fac.diagonal}
              for f, p in preconds.items()}
-    ref = args.fractions[0]
+    ref = args.variants[0]
     rows = []
-    for f in args.fractions:
+    for f in args.variants:
         cos = [float(torch.nn.functional.cosine_similarity(pre[f][n].flatten(), pre[ref][n].flatten(), dim=0))
                for n in pre[ref]]
         rows.append({
-            "fraction": f,
+            "variant": f, "fraction": parse_variant(f)[0], "inv_dtype": parse_variant(f)[1],
             "factor_err_one_window": median([_relative(first[f][n], first[ref][n]) for n in first[ref]]),
             "factor_err_running_avg": median([_relative(final[f][n], final[ref][n]) for n in final[ref]]),
             "precond_grad_err": median([_relative(pre[f][n], pre[ref][n]) for n in pre[ref]]),
             "precond_grad_cosine": median(cos),
             "capture_s": median(capture[f][1:] or capture[f]),
+            "precondition_s": median(precondition[f][1:] or precondition[f]),
         })
-    base = rows[0]["capture_s"]
-    for row in rows:
-        row["capture_vs_full"] = row["capture_s"] / base if base else None
+    for key in ("capture", "precondition"):
+        base = rows[0][f"{key}_s"]
+        for row in rows:
+            row[f"{key}_vs_exact"] = row[f"{key}_s"] / base if base else None
     return {"machine": machine(), "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "rows": rows}
 
@@ -120,8 +134,8 @@ def report(res: dict[str, Any]) -> str:
     s = res["settings"]
     head = (f"BERT-{s['size']} batch {s['batch']}x{s['seq']}, {s['windows']} windows, "
             f"{'text ' + str(s['text']) if s['text'] else 'random tokens'}; medians over layers")
-    cols = ["fraction", "factor_err_one_window", "factor_err_running_avg", "precond_grad_err", "precond_grad_cosine",
-            "capture_s", "capture_vs_full"]
+    cols = ["variant", "factor_err_one_window", "factor_err_running_avg", "precond_grad_err", "precond_grad_cosine",
+            "capture_s", "capture_vs_exact", "precondition_s", "precondition_vs_exact"]
     return "\n".join([head, machine_line(res["machine"]), "", table(res["rows"], cols)])
 
 
@@ -131,7 +145,7 @@ def plot(res: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in res["rows"] if r["fraction"] < 1.0]
+    rows = [r for r in res["rows"] if r["fraction"] < 1.0 and r["inv_dtype"] == "fp32"]
     fr = [r["fraction"] for r in rows]
     fig, (ax, tx) = plt.subplots(1, 2, figsize=(10, 4))
     for key, label in (("factor_err_one_window", "factor, one window"),
@@ -141,7 +155,8 @@ def plot(res: dict[str, Any], out: Path) -> None:
     ax.set(xscale="log", yscale="log", xlabel="factor_sample_fraction", ylabel="relative error vs. fraction 1",
            title="accuracy lost by sampling")
     ax.legend()
-    tx.plot([r["fraction"] for r in res["rows"]], [r["capture_vs_full"] for r in res["rows"]], "s-")
+    fp32 = [r for r in res["rows"] if r["inv_dtype"] == "fp32"]
+    tx.plot([r["fraction"] for r in fp32], [r["capture_vs_exact"] for r in fp32], "s-")
     tx.set(xscale="log", xlabel="factor_sample_fraction", ylabel="statistics time / full", title="time kept")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -149,20 +164,25 @@ def plot(res: dict[str, Any], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = parser("sampling", __doc__)
+    p = parser("accuracy", __doc__)
     p.add_argument("--size", default="mini", help="BERT size (default: %(default)s)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--windows", type=int, default=10, help="factor windows (batches) seen (default: %(default)s)")
     p.add_argument("--damping", type=float, default=0.001)
-    p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS),
-                   help="fractions to compare; the first is the reference (default: %(default)s)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                   help="FRACTION:INV_DTYPE settings to compare; the first, 1:fp32, is the reference "
+                        "(default: %(default)s)")
     p.add_argument("--text", type=Path, help="a text file to take the tokens from (default: random tokens)")
     p.add_argument("--vocab", type=Path, help="the BERT vocab.txt for --text")
     p.add_argument("--threads", type=int, help="torch threads")
     args = p.parse_args(argv)
-    if args.fractions[0] != 1.0:
-        p.error("--fractions must start with 1.0, the reference")
+    try:
+        parsed = [parse_variant(v) for v in args.variants]
+    except ValueError:
+        p.error(f"--variants must look like 0.25:bf16, got {args.variants}")
+    if parsed[0] != (1.0, "fp32"):
+        p.error("--variants must start with 1:fp32, the exact reference")
     if args.text and not args.vocab:
         p.error("--text needs --vocab")
     res = measure(args)
