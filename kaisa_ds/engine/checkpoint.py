@@ -40,7 +40,10 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
         if state is None:
             logger.warning("checkpoint %s has no K-FAC state; K-FAC starts from scratch", path)
         else:
-            kfac.load_state_dict(state)
+            try:
+                kfac.load_state_dict(state)
+            except ValueError as exc:  # name the file: a user must know which checkpoint is bad
+                raise ValueError(f"checkpoint {path}: {exc}") from exc
         return path, client_state
 
     engine.save_checkpoint = save_checkpoint

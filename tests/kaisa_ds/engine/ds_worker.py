@@ -165,10 +165,12 @@ def checkpoint_scenario(kind: str, ckpt: str, world: int, kfac: dict) -> dict:
 
 
 def wrong_model_scenario(ckpt: str, world: int, kfac: dict) -> dict:
-    """Load the "save" scenario's checkpoint into models it does not fit; return the error messages."""
+    """Load the "save" scenario's checkpoint into models it does not fit (and into the same model, which a corrupted
+    checkpoint must refuse too); return the error messages."""
     errors: dict[str, str | None] = {}
     for name, model, section in (("other_shapes", TinyTransformerish(dim=8), kfac),
-                                 ("other_kfac_layers", TinyTransformerish(), {**kfac, "skip_layers": ["query"]})):
+                                 ("other_kfac_layers", TinyTransformerish(), {**kfac, "skip_layers": ["query"]}),
+                                 ("same_model", TinyTransformerish(), kfac)):
         cfg = config("fp32", 0, world, kfac=section)
         cfg["optimizer"] = {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}}
         engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)

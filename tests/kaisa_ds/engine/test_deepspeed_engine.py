@@ -106,6 +106,13 @@ def test_checkpoint_resume_is_identical_also_on_another_world_size_and_refuses_o
     wrong = _launch("wrong", tmp_path, ranks=1, ckpt=ckpt)
     assert wrong["other_shapes"] is not None and "different model" in wrong["other_shapes"]
     assert wrong["other_kfac_layers"] is not None and "does not match this model" in wrong["other_kfac_layers"]
+    states = ckpt / "mid" / "mp_rank_00_model_states.pt"  # the file that carries the K-FAC client state
+    saved = torch.load(states, weights_only=False)
+    name = next(n for n, f in saved["kaisa_ds_kfac"]["factors"].items() if f["value"] is not None)
+    saved["kaisa_ds_kfac"]["factors"][name]["value"].view(-1)[0] = float("nan")  # a flipped bit in the file
+    torch.save(saved, states)
+    corrupt = _launch("wrong", tmp_path, ranks=1, ckpt=ckpt)["same_model"]
+    assert corrupt is not None and str(states) in corrupt and name in corrupt and "not finite" in corrupt
 
 
 def test_monitor_receives_kfac_timings(tmp_path: Path) -> None:
