@@ -245,33 +245,39 @@ class SideBySide:
         self.layers = len(names[0])
 
     def round(self, kinds: list[str], *, first: int) -> dict[str, dict[str, Any]]:
-        """Every kind of step once: a baseline forward+backward, then each library (``first`` goes first)."""
+        """Every kind of step once for each library (``first`` goes first), each right after its own baseline
+        forward+backward, so that the hooks' cost is a difference of two adjacent timings."""
         order = self.runners[first:] + self.runners[:first]
         out: dict[str, dict[str, Any]] = {}
         for kind in kinds:
-            row: dict[str, Any] = {"baseline_fwd_bwd": timed(partial(fwd_bwd, self.base, self.batch),
-                                                             cuda=self.cuda)}
+            row: dict[str, Any] = {}
             for runner in order:
+                base = timed(partial(fwd_bwd, self.base, self.batch), cuda=self.cuda)
                 runner.set_step(self.interval.step_number(kind))
                 fb = timed(partial(fwd_bwd, runner.model, self.batch), cuda=self.cuda)
                 st = timed(runner.step, cuda=self.cuda)
-                row[runner.name] = {"fwd_bwd": fb, "precond_step": st, **runner.stages()}
+                row[runner.name] = {"baseline_fwd_bwd": base, "fwd_bwd": fb, "precond_step": st, **runner.stages()}
             out[kind] = row
         return out
 
 
-def summarise(rounds: list[dict[str, dict[str, Any]]], agg: Callable[[list[float]], float]) -> dict[str, Any]:
+def summarise(rounds: list[dict[str, dict[str, Any]]], agg: Callable[[list[float]], float], *,
+              paired: bool) -> dict[str, Any]:
     """Aggregate (median or min) every raw timing over the rounds, then derive per library and kind:
-    hook_extra = forward+backward with hooks - baseline forward+backward; hook_machinery = hook_extra - the
-    statistics timed inside the hooks; step_other = the part of ``precond.step()`` outside the named stages."""
+    hook_extra = forward+backward with hooks - the baseline forward+backward run just before it (``paired``: the
+    aggregate of the per-round differences, robust to load that drifts over a run; else the difference of the
+    aggregates, for the fastest-rounds estimate); hook_machinery = hook_extra - the statistics timed inside the
+    hooks; step_other = the part of ``precond.step()`` outside the named stages."""
     kinds = list(rounds[0])
-    baseline = agg([r[k]["baseline_fwd_bwd"] for r in rounds for k in kinds])
-    out: dict[str, Any] = {"baseline_fwd_bwd": baseline}
+    out: dict[str, Any] = {"baseline_fwd_bwd": agg([r[k][lib]["baseline_fwd_bwd"] for r in rounds for k in kinds
+                                                    for lib in LIBRARIES])}
     for lib in LIBRARIES:
         per_kind: dict[str, dict[str, float]] = {}
         for kind in kinds:
             row = {c: agg([r[kind][lib][c] for r in rounds]) for c in rounds[0][kind][lib]}
-            row["hook_extra"] = row["fwd_bwd"] - baseline
+            runs = [r[kind][lib] for r in rounds]
+            row["hook_extra"] = (agg([x["fwd_bwd"] - x["baseline_fwd_bwd"] for x in runs]) if paired
+                                 else row["fwd_bwd"] - row["baseline_fwd_bwd"])
             row["hook_machinery"] = row["hook_extra"] - row["factor_capture"]
             row["step_other"] = row["precond_step"] - sum(row[s] for s in STEP_STAGES)
             row["kfac_total"] = row["hook_extra"] + row["precond_step"]
@@ -447,7 +453,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rounds = [run.round(kinds, first=i % 2) for i in tqdm(range(args.repeats), desc="rounds", leave=False)]
     if run.runners[0].precond.skipped_windows:  # type: ignore[attr-defined]
         raise RuntimeError("kaisa_ds dropped a window for non-finite values: the timings are not of real steps")
-    med, best = summarise(rounds, median), summarise(rounds, min)
+    med, best = summarise(rounds, median, paired=True), summarise(rounds, min, paired=False)
     agree = agreement(args, device)
     cfg = {k: getattr(args, k) for k in ("size", "vocab", "batch", "seq", "factor_every", "inv_every", "lr",
                                          "device", "threads")}
@@ -473,8 +479,8 @@ def report(res: dict[str, Any], *, target: float = 2.0) -> str:
              f"{s['kfac_layers']} K-FAC layers each; factors every {s['factor_every']}, decompositions every "
              f"{s['inv_every']} steps; medians of {s['repeats']} rounds (seconds)", machine_line(res["machine"]), ""]
     cols = [f"{lib} {k}" for k in counts for lib in LIBRARIES]
-    rows = [{"what": "baseline forward+backward", **dict.fromkeys(cols, kinds["baseline_fwd_bwd"])}]
-    for comp in ("fwd_bwd", "hook_extra", *COMPONENTS, "precond_step", "kfac_total"):
+    rows = []
+    for comp in ("baseline_fwd_bwd", "fwd_bwd", "hook_extra", *COMPONENTS, "precond_step", "kfac_total"):
         rows.append({"what": comp, **{f"{lib} {k}": kinds[lib][k][comp] for k in counts for lib in LIBRARIES}})
     rows.append({"what": "steps of this kind per interval", **{f"{lib} {k}": n for k, n in counts.items()
                                                                for lib in LIBRARIES}})

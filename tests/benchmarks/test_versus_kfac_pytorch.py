@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import KAISA_SKIP, bert_for_pretraining
+from benchmarks.common import KAISA_SKIP, bert_for_pretraining, median
 from benchmarks.step_cost import Interval
 from benchmarks.versus_kfac_pytorch import (
     COMPONENTS,
@@ -84,22 +84,29 @@ def test_amortise_weights_each_kind_by_its_count_and_the_ratio_is_kfp_over_kaisa
     assert math.isnan(speedup(1.0, -0.1))  # noise made a time negative: no ratio rather than a wrong one
 
 
-def test_summarise_takes_the_baseline_over_every_kind_and_derives_the_hook_cost() -> None:
-    def lib(fwd_bwd: float, step: float) -> dict[str, float]:
-        return {"fwd_bwd": fwd_bwd, "precond_step": step, "factor_capture": 0.2, "decomposition": 0.0,
-                "preconditioning": 0.1, "kl_clip": 0.0, "write_grads": 0.0}
+def test_summarise_pairs_each_forward_backward_with_the_baseline_run_just_before_it() -> None:
+    def lib(base: float, hooks: float, step: float) -> dict[str, float]:
+        return {"baseline_fwd_bwd": base, "fwd_bwd": base + hooks, "precond_step": step, "factor_capture": 0.2,
+                "decomposition": 0.0, "preconditioning": 0.1, "kl_clip": 0.0, "write_grads": 0.0}
 
-    rounds = [{"plain": {"baseline_fwd_bwd": b, "kaisa_ds": lib(b + 0.5, 0.3), "kfac-pytorch": lib(b + 1.0, 0.4)}}
+    # load drifts: the baseline takes 1, 3, 2 s in turn; the hooks always add 0.5 s (kaisa_ds) and 1.0 s
+    rounds = [{"plain": {"kaisa_ds": lib(b, 0.5, 0.3), "kfac-pytorch": lib(b + 0.1, 1.0, 0.4)}}
               for b in (1.0, 3.0, 2.0)]
-    med = summarise(rounds, lambda v: sorted(v)[len(v) // 2])
-    assert med["baseline_fwd_bwd"] == 2.0
+    med = summarise(rounds, median, paired=True)
+    assert med["baseline_fwd_bwd"] == pytest.approx(2.05)  # over both libraries' baselines
     kaisa = med["kaisa_ds"]["plain"]
     assert kaisa["hook_extra"] == pytest.approx(0.5)
     assert kaisa["hook_machinery"] == pytest.approx(0.3)  # hook_extra minus the statistics timed in the hooks
     assert kaisa["step_other"] == pytest.approx(0.2)
     assert kaisa["kfac_total"] == pytest.approx(0.8)
     assert med["kfac-pytorch"]["plain"]["kfac_total"] == pytest.approx(1.4)
-    assert summarise(rounds, min)["baseline_fwd_bwd"] == 1.0
+    fastest = summarise(rounds, min, paired=False)  # min(fwd_bwd) - min(baseline): 1.5 - 1.0
+    assert fastest["kaisa_ds"]["plain"]["hook_extra"] == pytest.approx(0.5)
+    # one disturbed K-FAC pass (+1.5 s in the round whose baseline was fastest): the paired median stays at
+    # 0.5 s, where the difference of the medians would say 3.0 - 2.0 = 1.0 s
+    rounds[0]["plain"]["kaisa_ds"]["fwd_bwd"] = 3.0
+    assert summarise(rounds, median, paired=True)["kaisa_ds"]["plain"]["hook_extra"] == pytest.approx(0.5)
+    assert summarise(rounds, median, paired=False)["kaisa_ds"]["plain"]["hook_extra"] == pytest.approx(1.0)
 
 
 def test_missing_kfac_pytorch_exits_with_scratch_install_steps(monkeypatch: pytest.MonkeyPatch) -> None:
