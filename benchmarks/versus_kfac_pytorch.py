@@ -92,8 +92,19 @@ def import_kfac() -> ModuleType:
     return kfp
 
 
+def kfac_version() -> str | None:
+    """The installed kfac-pytorch distribution's version, so a result names what it was compared with."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kfac_pytorch")
+    except PackageNotFoundError:
+        return None
+
+
 # ------------------------------------------------------------------------------------------------ libraries
 def fwd_bwd(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+    """One training forward+backward (fresh gradients, so both libraries precondition the same ones)."""
     model.zero_grad(set_to_none=True)
     pretraining_loss(model, *batch).backward()
 
@@ -294,7 +305,7 @@ def amortise(kinds: dict[str, dict[str, float]], interval: Interval) -> dict[str
     return {"counts": counts, "seconds_per_step": total, "components_seconds_per_step": per_step}
 
 
-def speedup(kfp_seconds: float, kaisa_seconds: float) -> float:
+def speedup(*, kfp_seconds: float, kaisa_seconds: float) -> float:
     """kfac-pytorch's time over kaisa_ds's (> 1: kaisa_ds is faster); NaN when a time is not positive (noise)."""
     if kfp_seconds <= 0 or kaisa_seconds <= 0:
         return math.nan
@@ -307,10 +318,11 @@ def compare(summary: dict[str, Any], interval: Interval) -> dict[str, Any]:
     base = summary["baseline_fwd_bwd"]
     return {"amortised": am,
             "overhead_of_fwd_bwd": {lib: am[lib]["seconds_per_step"] / base for lib in LIBRARIES},
-            "ratio_kfp_over_kaisa": speedup(am["kfac-pytorch"]["seconds_per_step"],
-                                            am["kaisa_ds"]["seconds_per_step"]),
-            "ratio_per_kind": {k: speedup(summary["kfac-pytorch"][k]["kfac_total"],
-                                          summary["kaisa_ds"][k]["kfac_total"]) for k in interval.counts()}}
+            "ratio_kfp_over_kaisa": speedup(kfp_seconds=am["kfac-pytorch"]["seconds_per_step"],
+                                            kaisa_seconds=am["kaisa_ds"]["seconds_per_step"]),
+            "ratio_per_kind": {k: speedup(kfp_seconds=summary["kfac-pytorch"][k]["kfac_total"],
+                                          kaisa_seconds=summary["kaisa_ds"][k]["kfac_total"])
+                               for k in interval.counts()}}
 
 
 # ------------------------------------------------------------------------------------------------ agreement
@@ -324,7 +336,7 @@ def grad_matrices(model: torch.nn.Module, names: list[str]) -> dict[str, torch.T
     return out
 
 
-def rel_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_diff(x: torch.Tensor, *, ref: torch.Tensor) -> float:
     """max |x - ref| / max |ref|: relative to the matrix's largest entry, so entries near zero do not dominate."""
     return float((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
@@ -377,12 +389,12 @@ def agreement(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         a_k, g_k = kl.a.value, kl.g.value
         assert a_k is not None and g_k is not None, n
         a_p, g_p = new_stats[(n, "a")], new_stats[(n, "g")]
-        a_stat.append(rel_diff(a_p, a_k))
-        g_stat.append(rel_diff(bsq * g_p, g_k))
+        a_stat.append(rel_diff(a_p, ref=a_k))
+        g_stat.append(rel_diff(bsq * g_p, ref=g_k))
         g_scale.append(float((g_k * g_p).sum() / (g_p * g_p).sum()))  # least squares: g_k ≈ s·g_p
         for stat, factor in ((a_p, pl.a_factor), (g_p, pl.g_factor)):
             eye = torch.eye(stat.shape[0], device=device)
-            prior.append(rel_diff(factor, xi * eye + (1 - xi) * stat))
+            prior.append(rel_diff(factor, ref=xi * eye + (1 - xi) * stat))
         pl.a_factor, pl.g_factor = a_k.clone(), g_k.clone()  # for the aligned run below
 
     # aligned: kfac-pytorch with kaisa_ds's factors, from the same raw gradients, through its own
@@ -397,7 +409,7 @@ def agreement(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     aligned = grad_matrices(kfp.model, names)
 
     def worst(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, Any]:
-        diffs = {n: rel_diff(a[n], b[n]) for n in names}
+        diffs = {n: rel_diff(a[n], ref=b[n]) for n in names}
         layer = max(diffs, key=lambda n: diffs[n])
         norm = math.sqrt(sum(float(a[n].double().square().sum()) for n in names)
                          / sum(float(b[n].double().square().sum()) for n in names))
@@ -462,7 +474,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "machine": info,
         "settings": {**vars(args), "out": str(args.out), "damping": DAMPING, "factor_decay": FACTOR_DECAY,
                      "kl_clip": KL_CLIP, "compute_method": "eigen", "skip_layers": list(KAISA_SKIP),
-                     "kfac_layers": run.layers, "kfac_pytorch_file": import_kfac().__file__},
+                     "kfac_layers": run.layers, "kfac_pytorch_file": import_kfac().__file__,
+                     "kfac_pytorch_version": kfac_version()},
         "step_kinds": med, "comparison": compare(med, run.interval),
         # the same from each timing's fastest round: an estimate less exposed to other work on a shared machine
         "comparison_from_minima": compare(best, run.interval), "step_kinds_minima": best,
@@ -486,9 +499,10 @@ def report(res: dict[str, Any], *, target: float = 2.0) -> str:
                                                                for lib in LIBRARIES}})
     lines += [table(rows, ["what", *cols]), ""]
     am = cmp["amortised"]
-    comp_rows = [{"component": c, **{lib: am[lib]["components_seconds_per_step"][c] for lib in LIBRARIES},
-                  "kfac-pytorch / kaisa_ds": speedup(am["kfac-pytorch"]["components_seconds_per_step"][c],
-                                                     am["kaisa_ds"]["components_seconds_per_step"][c])}
+    per = {lib: am[lib]["components_seconds_per_step"] for lib in LIBRARIES}
+    comp_rows = [{"component": c, **{lib: per[lib][c] for lib in LIBRARIES},
+                  "kfac-pytorch / kaisa_ds": speedup(kfp_seconds=per["kfac-pytorch"][c],
+                                                     kaisa_seconds=per["kaisa_ds"][c])}
                  for c in COMPONENTS]
     comp_rows.append({"component": "**K-FAC total, s/step**", **{lib: am[lib]["seconds_per_step"] for lib in LIBRARIES},
                       "kfac-pytorch / kaisa_ds": cmp["ratio_kfp_over_kaisa"]})

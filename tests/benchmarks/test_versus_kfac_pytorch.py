@@ -80,8 +80,9 @@ def test_amortise_weights_each_kind_by_its_count_and_the_ratio_is_kfp_over_kaisa
     assert cmp["ratio_kfp_over_kaisa"] == pytest.approx(0.98 / 0.45)
     assert cmp["overhead_of_fwd_bwd"]["kaisa_ds"] == pytest.approx(0.45 / 2.0)
     assert cmp["ratio_per_kind"]["plain"] == pytest.approx(3.0)
-    assert speedup(1.0, 2.0) == 0.5
-    assert math.isnan(speedup(1.0, -0.1))  # noise made a time negative: no ratio rather than a wrong one
+    assert speedup(kfp_seconds=1.0, kaisa_seconds=2.0) == 0.5
+    # noise made a time negative: no ratio rather than a wrong one
+    assert math.isnan(speedup(kfp_seconds=1.0, kaisa_seconds=-0.1))
 
 
 def test_summarise_pairs_each_forward_backward_with_the_baseline_run_just_before_it() -> None:
@@ -139,6 +140,7 @@ def test_tiny_run_against_kfac_pytorch(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert {"cpu_model", "cpu_cores", "torch", "date"} <= set(data["machine"])
     assert data["settings"]["kfac_layers"] == 12
+    assert data["settings"]["kfac_pytorch_version"]  # the result names what it was compared with
     for lib in LIBRARIES:
         kinds = data["step_kinds"][lib]
         assert set(kinds) == {"decomposition", "factor", "plain"}
