@@ -131,13 +131,15 @@ class KaisaRunner:
 
     name = "kaisa_ds"
 
-    def __init__(self, model: torch.nn.Module, *, factor_every: int, inv_every: int, lr: float, cuda: bool) -> None:
+    def __init__(self, model: torch.nn.Module, *, factor_every: int, inv_every: int, lr: float, cuda: bool,
+                 inv_dtype: str = "fp32", sample_fraction: float = 1.0) -> None:
         from kaisa_ds import KFACPreconditioner
 
         self.model = model
         self.precond = KFACPreconditioner(
             model, factor_update_steps=factor_every, inv_update_steps=inv_every, damping=DAMPING,
-            factor_decay=FACTOR_DECAY, kl_clip=KL_CLIP, lr=lr, compute_method="eigen", skip_layers=KAISA_SKIP)
+            factor_decay=FACTOR_DECAY, kl_clip=KL_CLIP, lr=lr, compute_method="eigen", skip_layers=KAISA_SKIP,
+            inv_dtype=inv_dtype, factor_sample_fraction=sample_fraction)
         self.precond.timer.sync = cuda
 
     def set_step(self, step: int) -> None:
@@ -157,6 +159,7 @@ class KaisaRunner:
         return dict(self.precond.memory_usage())
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # kfac-pytorch layer methods and the stage each one belongs to
 KFP_STAGE_OF = {
     "save_layer_input": "factor_capture", "save_layer_grad_output": "factor_capture",
@@ -175,13 +178,14 @@ class KfpRunner:
     name = "kfac-pytorch"
 
     def __init__(self, model: torch.nn.Module, *, factor_every: int, inv_every: int, lr: float, cuda: bool,
-                 kfp: ModuleType) -> None:
+                 kfp: ModuleType, inv_dtype: str = "fp32", prediv: bool = True) -> None:
         self.model = model
         self.cuda = cuda
         self.precond = kfp.KFACPreconditioner(
             model, factor_update_steps=factor_every, inv_update_steps=inv_every, damping=DAMPING,
             factor_decay=FACTOR_DECAY, kl_clip=KL_CLIP, lr=lr, accumulation_steps=1, compute_method="eigen",
-            skip_layers=list(KAISA_SKIP), loglevel=logging.DEBUG)
+            skip_layers=list(KAISA_SKIP), loglevel=logging.DEBUG, inv_dtype=DTYPES[inv_dtype],
+            compute_eigenvalue_outer_product=prediv)
         self.seconds: dict[str, float] = {}
         for _, layer in self.precond._layers.values():
             for method, stage in KFP_STAGE_OF.items():
@@ -233,10 +237,13 @@ class KfpRunner:
 
 
 def make_runner(library: str, model: torch.nn.Module, *, factor_every: int, inv_every: int, lr: float,
-                cuda: bool) -> Runner:
+                cuda: bool, inv_dtype: str = "fp32", sample_fraction: float = 1.0, prediv: bool = True) -> Runner:
+    """A runner of one library; ``inv_dtype`` applies to both, ``sample_fraction`` to kaisa_ds only (kfac-pytorch
+    has no such option) and ``prediv`` (its cached eigenvalue denominator) to kfac-pytorch only."""
+    common = {"factor_every": factor_every, "inv_every": inv_every, "lr": lr, "cuda": cuda, "inv_dtype": inv_dtype}
     if library == KaisaRunner.name:
-        return KaisaRunner(model, factor_every=factor_every, inv_every=inv_every, lr=lr, cuda=cuda)
-    return KfpRunner(model, factor_every=factor_every, inv_every=inv_every, lr=lr, cuda=cuda, kfp=import_kfac())
+        return KaisaRunner(model, sample_fraction=sample_fraction, **common)  # type: ignore[arg-type]
+    return KfpRunner(model, kfp=import_kfac(), prediv=prediv, **common)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------ timing
@@ -248,8 +255,9 @@ class SideBySide:
         self.interval = Interval(args.factor_every, args.inv_every)
         self.base = bert_for_pretraining(args.size, vocab=args.vocab, seq=args.seq).to(device)
         self.batch = random_batch(args.batch, args.seq, args.vocab, device)
-        opts = {"factor_every": args.factor_every, "inv_every": args.inv_every, "lr": args.lr, "cuda": self.cuda}
-        self.runners = [make_runner(lib, copy.deepcopy(self.base), **opts) for lib in LIBRARIES]
+        opts = {"factor_every": args.factor_every, "inv_every": args.inv_every, "lr": args.lr, "cuda": self.cuda,
+                "inv_dtype": args.inv_dtype, "sample_fraction": args.sample_fraction, "prediv": not args.kfp_no_prediv}
+        self.runners = [make_runner(lib, copy.deepcopy(self.base), **opts) for lib in LIBRARIES]  # type: ignore[arg-type]
         names = [sorted(r.layer_names()) for r in self.runners]
         if names[0] != names[1]:
             raise RuntimeError(f"the libraries precondition different layers: {names}")
@@ -489,6 +497,8 @@ def report(res: dict[str, Any], *, target: float = 2.0) -> str:
     cmp, best = res["comparison"], res["comparison_from_minima"]
     counts = cmp["amortised"]["kaisa_ds"]["counts"]
     lines = [f"kaisa_ds vs kfac-pytorch: BERT-{s['size']} fp32 batch {s['batch']}x{s['seq']} on {s['device']}, "
+             f"inv_dtype {s.get('inv_dtype', 'fp32')} (both), kaisa_ds factor_sample_fraction "
+             f"{s.get('sample_fraction', 1.0)}, "
              f"{s['kfac_layers']} K-FAC layers each; factors every {s['factor_every']}, decompositions every "
              f"{s['inv_every']} steps; medians of {s['repeats']} rounds (seconds)", machine_line(res["machine"]), ""]
     cols = [f"{lib} {k}" for k in counts for lib in LIBRARIES]
@@ -567,6 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3, help="K-FAC's lr for the KL clip, both libraries")
     p.add_argument("--factor-every", type=int, default=5, help="factor_update_steps (default: %(default)s)")
     p.add_argument("--inv-every", type=int, default=50, help="inv_update_steps (default: %(default)s)")
+    p.add_argument("--inv-dtype", default="fp32", choices=list(DTYPES),
+                   help="inv_dtype of both libraries: decompositions stored and applied in it (default fp32)")
+    p.add_argument("--sample-fraction", type=float, default=1.0,
+                   help="kaisa_ds's factor_sample_fraction (kfac-pytorch has none; default 1: exact)")
+    p.add_argument("--kfp-no-prediv", action="store_true",
+                   help="turn off kfac-pytorch's compute_eigenvalue_outer_product (its cached 1/(dg daᵀ + damping), "
+                        "on by default there)")
     p.add_argument("--repeats", type=int, default=7, help="measured rounds; medians are reported")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured rounds first")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
