@@ -91,6 +91,7 @@ class KFACConfig:
     loss_scale: Callable[[], float] | None = None
     loss_reduction: LossReduction | str = LossReduction.MEAN
     factor_sample_fraction: float = 1.0
+    max_decomposition_failures: int = 5
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +120,10 @@ class KFACConfig:
             raise ValueError(f"factor_sample_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
                              "of tokens whose statistics feed the factors; 1 = all, exact)")
         self.factor_sample_fraction = float(frac)
+        limit = self.max_decomposition_failures
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_decomposition_failures={limit!r} is not valid; allowed: an integer >= 1 (the "
+                             "consecutive failed decompositions of one factor after which training stops)")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         for name in _RANGES:

@@ -16,6 +16,7 @@ from torch import nn
 from kaisa_ds.capture.hooks import HookCapture
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, from_tensors
+from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import rank, world_size
 from kaisa_ds.enums import ComputeMethod, LossReduction
@@ -58,6 +59,7 @@ class KFACPreconditioner:
         self.grouped = GroupedPreconditioner(eigen=self.config.method is ComputeMethod.EIGEN)
         self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
         self.watermark = GradWatermark()
+        self.diagnostics = Diagnostics()
         self.timer = StageTimer()
         self.comm_bytes: dict[str, int] = {}
         self._capture_cache: tuple[int, bool] = (-1, False)
@@ -163,6 +165,11 @@ class KFACPreconditioner:
         """Seconds per K-FAC stage during the last :meth:`step` (factor capture: hook time since the step
         before); every stage is present, 0.0 when it did not run."""
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
+
+    def diagnostics_snapshot(self) -> dict[str, Any]:
+        """KL-clip scale ν, damping and lr in force, decomposition age, skipped windows, failed decompositions,
+        and min/max eigenvalues per layer group of the decompositions this rank holds (one host sync)."""
+        return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows)
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes held by factors (with any open window buffer), by decompositions and by the cached

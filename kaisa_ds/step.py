@@ -15,6 +15,7 @@ import torch
 
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
+from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics, layer_group
 from kaisa_ds.distributed.collectives import allreduce_mean
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.precondition.apply import kl_clip_scale
@@ -43,6 +44,7 @@ class StepOwner(Protocol):
     comm_bytes: dict[str, int]
     needs_decomposition: bool
     watermark: GradWatermark
+    diagnostics: Diagnostics
 
     def ensure_structure(self) -> LayerStructure: ...
 
@@ -149,6 +151,7 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
                           damping=cfg.value("damping", p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
                           out_dtype=cfg.inv_dtype)  # type: ignore[arg-type]
     p.decompositions.update({n: d for n, d in fresh.items() if d is not None})
+    check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
     local = {name: with_flag(p, s, name) for name in s.factors() if s.decomposes(name, p.rank)}
     received = s.comm.broadcast_decompositions(s.unit_factors, local, lambda n: placeholder(p, s, n))
     if received:
@@ -157,6 +160,32 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
         p.decompositions.update({n: from_tensors(received[n][:-1], method=cfg.method.value)
                                  for n, ok in zip(names, valid) if ok > 0})
     p.grouped.invalidate()
+    owner: dict[str, str] = {}  # factor -> its first layer's group (a shared A factor under its owner)
+    for n, ly in s.layers.items():
+        owner.setdefault(ly.a.name, layer_group(n) + ".A")
+        owner.setdefault(ly.g.name, layer_group(n) + ".G")
+    p.diagnostics.eigen_ranges_from({f: (owner[f], d.eigvals) for f, d in p.decompositions.items()
+                                     if d.eigvals is not None and f in owner})
+
+
+def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed: list[str]) -> None:
+    """Count consecutive failures per factor; stop every rank alike once one factor exceeds the limit."""
+    p.diagnostics.record_decompositions(p.steps, tried=tried, failed=failed)
+    name, count = p.diagnostics.worst_failure()
+    code = count * p.world + (p.world - 1 - p.rank)  # the longest run of failures, lowest rank on ties
+    if p.world > 1:  # once per decomposition step: every rank must take the same decision
+        device = next(iter(s.layers.values())).helper.weight.device
+        flag = torch.tensor([code], dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        code = int(flag.item())
+    worst_count, worst_rank = code // p.world, p.world - 1 - code % p.world
+    limit = p.config.max_decomposition_failures
+    if worst_count > limit:
+        where = name if worst_rank == p.rank else f"a factor decomposed on rank {worst_rank}"
+        raise DecompositionFailed(
+            f"K-FAC: the decomposition of {where} failed {worst_count} times in a row (FP32 and FP64; "
+            f"max_decomposition_failures={limit}): its factor is not finite or not symmetric positive semi-definite. "
+            "Raise damping, lower the learning rate, or skip the layer with skip_layers")
 
 
 def precondition_local(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -225,6 +254,7 @@ def run_step(p: StepOwner) -> None:
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
               if kl is not None else None)
+        p.diagnostics.record_step(kl_scale=nu, damping=p.config.value("damping", step), lr=lr)
     with timer.stage("write_grads"):
         scale = p.loss_scale()
         for n in names:

@@ -14,7 +14,12 @@ def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float
     """(name, value, x) events for ``engine.monitor.write_events``: ms per stage, MB of memory, skipped windows."""
     events = [(f"Train/KFAC/{stage}_ms", seconds * 1000.0, samples) for stage, seconds in kfac.timings.items()]
     events += [(f"Train/KFAC/{kind}_MB", nbytes / 2**20, samples) for kind, nbytes in kfac.memory_usage().items()]
-    events.append(("Train/KFAC/skipped_windows", float(kfac.skipped_windows), samples))
+    diag = kfac.diagnostics_snapshot()
+    for key in ("kl_scale", "damping", "decomposition_age", "skipped_windows", "failed_decompositions"):
+        if diag[key] is not None:
+            events.append((f"Train/KFAC/{key}", float(diag[key]), samples))
+    for group, bounds in diag["eigenvalues"].items():
+        events += [(f"Train/KFAC/eigenvalue_{which}/{group}", value, samples) for which, value in bounds.items()]
     return events
 
 

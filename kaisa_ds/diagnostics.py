@@ -1,0 +1,78 @@
+"""What a person tuning K-FAC needs to see per step, gathered without host syncs on the hot path.
+
+The KL-clip scale ν and the eigenvalue ranges stay tensors until :meth:`Diagnostics.snapshot` is called (on a
+reporting step), so recording them costs nothing on the other steps. Layers are grouped by their name with
+the layer index removed (``bert.encoder.layer.*.attention.self.query``), which is how a person reads a model.
+Consecutive decomposition failures of one factor are counted so that a factor that never decomposes again
+stops the run with a clear error instead of preconditioning with a stale decomposition forever.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
+
+
+def layer_group(name: str) -> str:
+    """``bert.encoder.layer.3.output.dense`` → ``bert.encoder.layer.*.output.dense``."""
+    return _INDEX.sub("*", name)
+
+
+class DecompositionFailed(RuntimeError):
+    """One factor failed to decompose more often in a row than ``max_decomposition_failures`` allows."""
+
+
+@dataclass
+class Diagnostics:
+    """Per-step values in force and per-decomposition eigenvalue ranges."""
+
+    kl_scale: torch.Tensor | None = None  # ν of the last step (None: KL clip off or nothing preconditioned)
+    damping: float = 0.0
+    lr: float = 0.0
+    last_decomposition_step: int | None = None
+    failed_decompositions: int = 0  # in total
+    consecutive_failures: dict[str, int] = field(default_factory=dict)
+    eigen_ranges: dict[str, torch.Tensor] = field(default_factory=dict)  # group.A|G -> (min, max) tensor
+
+    def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float) -> None:
+        self.kl_scale, self.damping, self.lr = kl_scale, damping, lr
+
+    def record_decompositions(self, step: int, *, tried: list[str], failed: list[str]) -> None:
+        """After a decomposition step: the factors this rank ``tried`` and the ones that ``failed``."""
+        self.last_decomposition_step = step
+        self.failed_decompositions += len(failed)
+        for name in tried:
+            self.consecutive_failures[name] = self.consecutive_failures.get(name, 0) + 1 if name in failed else 0
+
+    def eigen_ranges_from(self, eigvals: dict[str, tuple[str, torch.Tensor]]) -> None:
+        """``{factor: (layer group label, eigenvalues)}`` of the decompositions this rank holds → min/max per
+        label (tensors; no host sync here)."""
+        by_group: dict[str, list[torch.Tensor]] = {}
+        for label, values in eigvals.values():
+            by_group.setdefault(label, []).append(torch.stack([values.min(), values.max()]).float())
+        self.eigen_ranges = {}
+        for label, ranges in by_group.items():
+            stacked = torch.stack(ranges)
+            self.eigen_ranges[label] = torch.stack([stacked[:, 0].min(), stacked[:, 1].max()])
+
+    def worst_failure(self) -> tuple[str | None, int]:
+        if not self.consecutive_failures:
+            return None, 0
+        name = max(self.consecutive_failures, key=lambda n: self.consecutive_failures[n])
+        return name, self.consecutive_failures[name]
+
+    def snapshot(self, step: int, *, skipped_windows: int) -> dict[str, Any]:
+        """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync)."""
+        ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
+        return {
+            "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
+            "damping": self.damping, "lr": self.lr,
+            "decomposition_age": None if self.last_decomposition_step is None else step - self.last_decomposition_step,
+            "skipped_windows": skipped_windows, "failed_decompositions": self.failed_decompositions,
+            "eigenvalues": {k: {"min": v[0], "max": v[1]} for k, v in ranges.items()},
+        }
