@@ -79,8 +79,13 @@ def amortise(kinds: dict[str, dict[str, float]], interval: Interval, baseline_st
     components = ("hook_extra", *STEP_STAGES, "step_untimed")
     per_step = {c: sum(n * kinds[k][c] for k, n in counts.items()) / interval.inv_every for c in components}
     total = sum(n * kinds[k]["kfac_total"] for k, n in counts.items()) / interval.inv_every
+    # K-FAC's own timed work only (hook callbacks + precond.step()): no difference of two forward+backward
+    # timings, so machine load moves it far less, but the hooks' bookkeeping outside the callbacks is left out
+    stages = sum(n * (kinds[k]["factor_capture"] + kinds[k]["precond_step"])
+                 for k, n in counts.items()) / interval.inv_every
     return {"counts": counts, "seconds_per_step": total, "overhead": total / baseline_step,
-            "components_seconds_per_step": per_step}
+            "components_seconds_per_step": per_step, "stage_seconds_per_step": stages,
+            "stage_overhead": stages / baseline_step}
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float) -> tuple[torch.optim.Optimizer, str]:
@@ -232,6 +237,8 @@ def report(res: dict[str, Any]) -> str:
     if any(v["kfac_total"] < 0 for v in kinds.values()):
         lines.append("WARNING: a step kind costs less with K-FAC than without: timing noise exceeds the effect here "
                      "(other work on this machine?); rerun with more --repeats, or --threads 1 on a busy machine")
+    lines.append(f"from K-FAC's own timed work (hook callbacks + precond.step(), no forward+backward difference): "
+                 f"{am['stage_seconds_per_step']:.4g} s/step = {100 * am['stage_overhead']:.1f}%")
     best = res["amortised_from_minima"]
     lines.append(f"from each timing's fastest round instead of its median: {best['seconds_per_step']:.4g} s/step = "
                  f"{100 * best['overhead']:.1f}% (load average {res['machine']['load_average_1m']:.1f} before, "

@@ -20,15 +20,18 @@ def test_interval_counts_every_kind_of_step_once_per_interval() -> None:
 
 
 def test_amortise_weights_each_kind_by_its_count() -> None:
-    zeros = dict.fromkeys(("hook_extra", *STEP_STAGES, "step_untimed"), 0.0)
-    kinds = {"decomposition": {**zeros, "decomposition": 4.0, "hook_extra": 1.0, "kfac_total": 5.0},
-             "factor": {**zeros, "hook_extra": 1.0, "kfac_total": 1.0},
-             "plain": {**zeros, "preconditioning": 0.1, "kfac_total": 0.1}}
+    zeros = dict.fromkeys(("hook_extra", *STEP_STAGES, "step_untimed", "factor_capture"), 0.0)
+    kinds = {"decomposition": {**zeros, "decomposition": 4.0, "hook_extra": 1.0, "kfac_total": 5.0,
+                               "factor_capture": 0.9, "precond_step": 4.0},
+             "factor": {**zeros, "hook_extra": 1.0, "kfac_total": 1.0, "factor_capture": 0.9, "precond_step": 0.0},
+             "plain": {**zeros, "preconditioning": 0.1, "kfac_total": 0.1, "precond_step": 0.1}}
     res = amortise(kinds, Interval(5, 50), baseline_step=1.8)
     assert res["seconds_per_step"] == pytest.approx((5.0 + 9 * 1.0 + 40 * 0.1) / 50)  # 0.36 s
     assert res["overhead"] == pytest.approx(0.2)
     assert res["components_seconds_per_step"]["hook_extra"] == pytest.approx(10.0 / 50)
     assert res["components_seconds_per_step"]["decomposition"] == pytest.approx(4.0 / 50)
+    assert res["stage_seconds_per_step"] == pytest.approx((4.9 + 9 * 0.9 + 40 * 0.1) / 50)  # callbacks + step()
+    assert res["stage_overhead"] == pytest.approx(res["stage_seconds_per_step"] / 1.8)
 
 
 def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
