@@ -171,7 +171,7 @@ def load(engine: Any, chosen: Intact, *, rank: int) -> tuple[int, int]:
     folder, tag = chosen.folder.parent, chosen.folder.name
     try:
         path, client = engine.load_checkpoint(str(folder), tag=tag)
-    except (RuntimeError, OSError, EOFError, KeyError) as exc:
+    except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:  # kaisa_ds's K-FAC state checks too
         raise CheckpointError(f"--resume: loading checkpoint {chosen.folder} failed: {exc}") from exc
     if path is None:
         raise CheckpointError(f"--resume: DeepSpeed could not load checkpoint {chosen.folder} (see its log above)")
