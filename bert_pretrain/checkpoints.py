@@ -120,7 +120,8 @@ def problem(tag_dir: Path, *, world: int) -> str | None:
     """Why ``tag_dir`` cannot be resumed from (naming the file), or None when it is intact."""
     marker = tag_dir / MARKER
     if not marker.is_file():
-        return f"{marker} is missing: the save did not finish"
+        return (f"{marker} is missing: the save did not finish (or the checkpoint predates completion markers; "
+                "such a checkpoint cannot be checked and is not resumed)")
     try:
         record = json.loads(marker.read_text())
         files: dict[str, int] = dict(record["files"])

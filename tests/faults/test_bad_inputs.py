@@ -35,28 +35,31 @@ def _vocab(path: Path, words: list[str]) -> Path:
     return path
 
 
-# (id, make the arguments from a scratch folder with a small good corpus in it, the text the message must hold)
-Case = tuple[str, Callable[[Path, Path], list[str]], str]
+NOT_ENGLISH = [f"zz{i}" for i in range(200)]  # a well-formed vocabulary that covers none of the corpus
+# (id, make the arguments from a scratch folder with a small good corpus in it, the text the message must hold,
+#  whether it is refused before any data preparation)
+Case = tuple[str, Callable[[Path, Path], list[str]], str, bool]
 CASES: list[Case] = [
-    ("binary-data", lambda t, c: ["--data", str(_binary(t / "random.bin"))], "random.bin looks binary"),
-    ("latin1-data", lambda t, c: ["--data", str(_latin1(t / "latin.txt"))], "latin.txt is not valid utf-8"),
+    ("binary-data", lambda t, c: ["--data", str(_binary(t / "random.bin"))], "random.bin looks binary", True),
+    ("latin1-data", lambda t, c: ["--data", str(_latin1(t / "latin.txt"))], "latin.txt is not valid utf-8", True),
     ("tiny-vocab", lambda t, c: ["--data", str(c), "--vocab", str(_vocab(t / "v7.txt", ["the", "a"]))],
-     "v7.txt has 7 tokens"),
-    ("mostly-unk", lambda t, c: ["--data", str(c), "--vocab", str(_vocab(t / "vz.txt", [f"zz{i}" for i in range(200)
-                                                                                         ]))], "--max-unk-rate"),
+     "v7.txt has 7 tokens", False),
+    ("mostly-unk", lambda t, c: ["--data", str(c), "--vocab", str(_vocab(t / "vz.txt", NOT_ENGLISH))],
+     "--max-unk-rate", False),
     ("binary-vocab", lambda t, c: ["--data", str(c), "--vocab", str(_binary(t / "vocab.bin"))],
-     "--vocab: {t}/vocab.bin is not a UTF-8 text file"),
+     "--vocab: {t}/vocab.bin is not a UTF-8 text file", True),
     ("binary-config", lambda t, c: ["--data", str(c), "--config", str(_binary(t / "cfg.json"))],
-     "--config {t}/cfg.json"),
+     "--config {t}/cfg.json", True),
     ("missing-init-checkpoint", lambda t, c: ["--data", str(c), "--init-checkpoint", str(t / "nope")],
-     "--init-checkpoint {t}/nope"),
-    ("phase2-from-random", lambda t, c: ["--data", str(c), "--phase", "2"], "--phase 2 without --init-checkpoint"),
-    ("max-steps-0", lambda t, c: ["--data", str(c), "--max-steps", "0"], "--max-steps"),
-    ("eval-every-0", lambda t, c: ["--data", str(c), "--eval-every", "0"], "--eval-every"),
-    ("negative-save-every", lambda t, c: ["--data", str(c), "--save-every", "-1"], "--save-every"),
-    ("unwritable-output", lambda t, c: ["--data", str(c), "--output", str(c / "run")], "--output {c}/run"),
+     "--init-checkpoint {t}/nope", True),
+    ("phase2-from-random", lambda t, c: ["--data", str(c), "--phase", "2"], "--phase 2 without --init-checkpoint",
+     True),
+    ("max-steps-0", lambda t, c: ["--data", str(c), "--max-steps", "0"], "--max-steps", True),
+    ("eval-every-0", lambda t, c: ["--data", str(c), "--eval-every", "0"], "--eval-every", True),
+    ("negative-save-every", lambda t, c: ["--data", str(c), "--save-every", "-1"], "--save-every", True),
+    ("unwritable-output", lambda t, c: ["--data", str(c), "--output", str(c / "run")], "--output {c}/run", True),
     ("output-holds-a-run", lambda t, c: ["--data", str(c), "--output", str(_finished_run(t / "done"))],
-     "--output {t}/done already holds a run"),
+     "--output {t}/done already holds a run", True),
 ]
 
 
@@ -71,9 +74,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return corpus_file(tmp_path_factory.mktemp("corpus"), articles=20)
 
 
-@pytest.mark.parametrize(("make", "culprit"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("make", "culprit", "early"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_refused_naming_the_culprit(tmp_path: Path, corpus: Path, make: Callable[[Path, Path], list[str]],
-                                                 culprit: str) -> None:
+                                                 culprit: str, early: bool) -> None:
     args = ["--phase", "1", "--config", CONFIG, "--output", str(tmp_path / "run"), "--max-steps", "2",
             "--data-cache", str(tmp_path / "data"), "--dupe-factor", "1", *make(tmp_path, corpus)]
     start = time.perf_counter()
@@ -84,4 +87,6 @@ def test_bad_input_is_refused_naming_the_culprit(tmp_path: Path, corpus: Path, m
     assert culprit.format(t=tmp_path, c=corpus) in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    if early:  # found before the vocabulary was trained or copied, i.e. before any data preparation
+        assert not (tmp_path / "data" / "vocab.txt").exists()
     assert time.perf_counter() - start < 120
