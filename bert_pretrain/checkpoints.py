@@ -6,10 +6,11 @@ and DeepSpeed's client state is written by rank 0 only).
 
 A checkpoint counts only once it is complete: after every rank has written its files (a barrier), rank 0
 writes ``<tag>/complete.json`` last, listing each file with its size, and what the run was trained on (the
-vocabulary file itself and the data's digests: the "pins"). DeepSpeed's own ``latest`` is written before that
-and is not trusted. A resume takes the newest tag whose marker is there and whose files are all intact
-(present, of the recorded size, and readable zip archives), warning about each newer one it skips; rank 0
-decides and broadcasts the tag, so every rank loads the same one.
+vocabulary file itself and the data's digests: the "pins"). Then rank 0 points ``latest`` at it (DeepSpeed
+would write ``latest`` before the other ranks' files and this marker exist); a resume does not trust ``latest``
+anyway, since older runs and other tools write it early. A resume takes the newest tag whose marker is there
+and whose files are all intact (present, of the recorded size, and readable zip archives), warning about each
+newer one it skips; rank 0 decides and broadcasts the tag, so every rank loads the same one.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, worl
             (tag_dir / MARKER).unlink(missing_ok=True)  # an older save of this tag is no longer complete
         dist.barrier()
         engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step, "consumed_micro_batches": consumed,
-                                                                   "pins": pins})
+                                                                   "pins": pins}, save_latest=False)
         faults.inject("save", rank=rank, step=step)
         write_atomic(tag_dir / f"rng_rank{rank:03d}.pt", _torch_bytes(rng_state()))
         if rank == 0:
@@ -103,6 +104,7 @@ def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, worl
         dist.barrier()  # every rank's files are written
         if rank == 0:
             write_marker(tag_dir, step=step, world=world, pins=pins)
+            write_atomic(folder / "latest", tag.encode())  # for DeepSpeed's own tools; only ever a complete tag
     except OSError as exc:
         raise CheckpointError(f"saving checkpoint {tag_dir} failed: {exc}. It is left incomplete (no {MARKER}) "
                               "and a --resume will skip it; free space (or fix the folder) and run again with "

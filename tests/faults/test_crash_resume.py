@@ -81,7 +81,9 @@ def test_kills_full_disk_and_corruption_then_resume_matches_an_uninterrupted_run
     start = time.perf_counter()  # rank 0 killed inside the save of step 6, rank 1 waiting at its barrier
     proc = _launch(root, "faulty", "--resume", fault="save:0:6:kill")
     assert proc.returncode != 0 and time.perf_counter() - start < 120
-    assert (ckpt / "latest").read_text().strip() == "step6" and not (ckpt / "step6" / MARKER).exists()
+    assert (ckpt / "step6" / "mp_rank_00_model_states.pt").is_file() and not (ckpt / "step6" / MARKER).exists()
+    assert (ckpt / "latest").read_text() == "step4"  # never names a half-written checkpoint
+    (ckpt / "latest").write_text("step6")  # as DeepSpeed itself, or an older version of this code, would have
 
     corpus = root / "corpus.txt"
     original = corpus.read_bytes()
