@@ -90,3 +90,10 @@ def test_bad_input_is_refused_naming_the_culprit(tmp_path: Path, corpus: Path, m
     if early:  # found before the vocabulary was trained or copied, i.e. before any data preparation
         assert not (tmp_path / "data" / "vocab.txt").exists()
     assert time.perf_counter() - start < 120
+
+
+def test_an_explicit_encoding_keeps_the_accented_letters(tmp_path: Path) -> None:
+    from bert_pretrain.data.documents import read_documents
+
+    docs = read_documents([_latin1(tmp_path / "latin.txt")], encoding="latin-1")
+    assert docs[0][0] == "Le café était fermé." and "\ufffd" not in str(docs)
