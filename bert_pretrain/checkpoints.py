@@ -82,6 +82,13 @@ def write_marker(tag_dir: Path, *, step: int, world: int, pins: dict[str, Any]) 
     write_atomic(tag_dir / MARKER, json.dumps(marker, indent=1).encode())
 
 
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
 def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, world: int, keep: int = 0,
          pins: dict[str, Any], vocab: Path) -> None:
     """Checkpoint ``step<N>`` (a collective: every rank calls it), completed by rank 0's marker; then rank 0
@@ -105,10 +112,10 @@ def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, worl
         if rank == 0:
             write_marker(tag_dir, step=step, world=world, pins=pins)
             write_atomic(folder / "latest", tag.encode())  # for DeepSpeed's own tools; only ever a complete tag
-    except OSError as exc:
-        raise CheckpointError(f"saving checkpoint {tag_dir} failed: {exc}. It is left incomplete (no {MARKER}) "
-                              "and a --resume will skip it; free space (or fix the folder) and run again with "
-                              "--resume") from exc
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError("... iostream error")
+        raise CheckpointError(f"saving checkpoint {tag_dir} failed: {exc} ({_free_space(folder)}). It is left "
+                              f"incomplete (no {MARKER}) and a --resume will skip it; free space (or fix the folder) "
+                              "and run again with --resume") from exc
     if rank == 0 and keep > 0:
         complete = [t for t in _tags(folder) if (t / MARKER).is_file()]
         for old in complete[keep:]:
