@@ -4,8 +4,8 @@ the final --resume must log exactly the losses of an uninterrupted fp32 run, and
 must leave every result as it was.
 
 Faults are injected with the test-only ``BERT_PRETRAIN_FAULT`` variable (bert_pretrain/faults.py): SIGKILL of
-the rank itself at an exact point, and ``OSError(ENOSPC)`` raised inside the checkpoint save (what a full disk
-raises; a size-limited mount needs root, which CI does not have).
+the rank itself at an exact point, and ``OSError(ENOSPC)`` raised inside the checkpoint save. test_disk_full.py
+fills a real (size-limited, root-only) file system instead.
 """
 
 from __future__ import annotations
