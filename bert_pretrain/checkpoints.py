@@ -2,21 +2,50 @@
 
 DeepSpeed saves the model, optimizer and LR scheduler (and kaisa_ds adds the K-FAC state). Here the client
 state adds the step and data position, and each rank writes its own RNG state (dropout masks differ per rank,
-and DeepSpeed's client state is written by rank 0 only). The RNG files are written *before* DeepSpeed updates
-``latest``, so a run killed mid-save resumes from the previous complete checkpoint.
+and DeepSpeed's client state is written by rank 0 only).
+
+A checkpoint counts only once it is complete: after every rank has written its files (a barrier), rank 0
+writes ``<tag>/complete.json`` last, listing each file with its size, and what the run was trained on (the
+vocabulary file itself and the data's digests: the "pins"). Then rank 0 points ``latest`` at it (DeepSpeed
+would write ``latest`` before the other ranks' files and this marker exist); a resume does not trust ``latest``
+anyway, since older runs and other tools write it early. A resume takes the newest tag whose marker is there
+and whose files are all intact (present, of the recorded size, and readable zip archives), warning about each
+newer one it skips; rank 0 decides and broadcasts the tag, so every rank loads the same one.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import random
 import shutil
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bert_pretrain import faults
+from bert_pretrain.files import write_atomic
+
 logger = logging.getLogger(__name__)
+MARKER = "complete.json"
+VOCAB = "vocab.txt"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be written or none can be resumed from; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class Intact:
+    """A complete checkpoint chosen for a resume."""
+
+    folder: Path
+    step: int
+    pins: dict[str, Any]
 
 
 def rng_state() -> dict[str, Any]:
@@ -33,31 +62,130 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, keep: int = 0) -> None:
-    """Checkpoint ``step<N>`` (a collective: every rank calls it); then rank 0 deletes all but the ``keep``
-    newest checkpoints (0: keep all)."""
+def _tags(folder: Path) -> list[Path]:
+    """``step<N>`` folders, newest first."""
+    tags = [p for p in folder.glob("step*") if p.is_dir() and p.name[4:].isdigit()]
+    return sorted(tags, key=lambda p: int(p.name[4:]), reverse=True)
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def write_marker(tag_dir: Path, *, step: int, world: int, pins: dict[str, Any]) -> None:
+    """Mark ``tag_dir`` complete: every file in it with its size, and the pins (written last, atomically)."""
+    files = {str(p.relative_to(tag_dir)): p.stat().st_size for p in sorted(tag_dir.rglob("*"))
+             if p.is_file() and p.name != MARKER and not p.name.startswith(".")}
+    marker = {"step": step, "world_size": world, "files": files, "pins": pins}
+    write_atomic(tag_dir / MARKER, json.dumps(marker, indent=1).encode())
+
+
+def _free_space(folder: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def save(engine: Any, folder: Path, *, step: int, consumed: int, rank: int, world: int, keep: int = 0,
+         pins: dict[str, Any], vocab: Path) -> None:
+    """Checkpoint ``step<N>`` (a collective: every rank calls it), completed by rank 0's marker; then rank 0
+    deletes all but the ``keep`` newest complete checkpoints (0: keep all). A failed write (a full disk) raises
+    :class:`CheckpointError`; the previous complete checkpoint stays the one a resume takes."""
+    from deepspeed import comm as dist
+
     tag = f"step{step}"
-    (folder / tag).mkdir(parents=True, exist_ok=True)
-    torch.save(rng_state(), folder / tag / f"rng_rank{rank:03d}.pt")
-    engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step, "consumed_micro_batches": consumed})
+    tag_dir = folder / tag
+    try:
+        if rank == 0:
+            (tag_dir / MARKER).unlink(missing_ok=True)  # an older save of this tag is no longer complete
+        dist.barrier()
+        engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step, "consumed_micro_batches": consumed,
+                                                                   "pins": pins}, save_latest=False)
+        faults.inject("save", rank=rank, step=step)
+        write_atomic(tag_dir / f"rng_rank{rank:03d}.pt", _torch_bytes(rng_state()))
+        if rank == 0:
+            shutil.copyfile(vocab, tag_dir / VOCAB)
+        dist.barrier()  # every rank's files are written
+        if rank == 0:
+            write_marker(tag_dir, step=step, world=world, pins=pins)
+            write_atomic(folder / "latest", tag.encode())  # for DeepSpeed's own tools; only ever a complete tag
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError("... iostream error")
+        raise CheckpointError(f"saving checkpoint {tag_dir} failed: {exc} ({_free_space(folder)}). It is left "
+                              f"incomplete (no {MARKER}) and a --resume will skip it; free space (or fix the folder) "
+                              "and run again with --resume") from exc
     if rank == 0 and keep > 0:
-        tags = sorted((p for p in folder.glob("step*") if p.is_dir() and p.name[4:].isdigit()),
-                      key=lambda p: int(p.name[4:]))
-        for old in tags[:-keep]:
+        complete = [t for t in _tags(folder) if (t / MARKER).is_file()]
+        for old in complete[keep:]:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in _tags(folder):  # incomplete tags older than the newest complete one are never resumed
+            if stale not in complete and int(stale.name[4:]) < step:
+                shutil.rmtree(stale, ignore_errors=True)
 
 
-def load_latest(engine: Any, folder: Path, *, rank: int) -> tuple[int, int]:
-    """(step, consumed micro-batches) of the latest checkpoint in ``folder``, restored into ``engine``;
-    (0, 0) when there is none."""
-    if not (folder / "latest").is_file():
-        logger.warning("--resume: no checkpoint in %s yet; starting from step 0", folder)
-        return 0, 0
-    path, client = engine.load_checkpoint(str(folder))
+def problem(tag_dir: Path, *, world: int) -> str | None:
+    """Why ``tag_dir`` cannot be resumed from (naming the file), or None when it is intact."""
+    marker = tag_dir / MARKER
+    if not marker.is_file():
+        return (f"{marker} is missing: the save did not finish (or the checkpoint predates completion markers; "
+                "such a checkpoint cannot be checked and is not resumed)")
+    try:
+        record = json.loads(marker.read_text())
+        files: dict[str, int] = dict(record["files"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{marker} is unreadable ({exc})"
+    for name, size in files.items():
+        path = tag_dir / name
+        if not path.is_file():
+            return f"{path} is missing"
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes, {size} were written: truncated or overwritten"
+        if path.suffix == ".pt":
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    bad = archive.testzip()
+            except (zipfile.BadZipFile, OSError) as exc:
+                return f"{path} is not a readable torch file ({exc})"
+            if bad is not None:
+                return f"{path} is corrupt (checksum of its member {bad} fails)"
+    if int(record.get("world_size", world)) != world:
+        logger.warning("%s was saved by %s ranks, this run has %d: dropout masks will differ from an uninterrupted "
+                       "run", tag_dir, record.get("world_size"), world)
+    return None
+
+
+def newest_intact(folder: Path, *, world: int) -> Intact | None:
+    """The newest complete, intact checkpoint in ``folder`` (warning about each newer one skipped); None when
+    there is no checkpoint at all. Reads files only, so it runs on one rank and the choice is broadcast."""
+    tags = _tags(folder)
+    skipped: list[str] = []
+    for tag_dir in tags:
+        why = problem(tag_dir, world=world)
+        if why is None:
+            if skipped:
+                logger.warning("--resume: falling back to %s, the newest intact checkpoint", tag_dir)
+            record = json.loads((tag_dir / MARKER).read_text())
+            return Intact(tag_dir, int(record["step"]), dict(record.get("pins", {})))
+        logger.warning("--resume: skipping checkpoint %s: %s", tag_dir.name, why)
+        skipped.append(why)
+    if tags:
+        raise CheckpointError(f"--resume: no intact checkpoint in {folder}: " + "; ".join(skipped)
+                              + ". Start again without --resume (in a new --output, or after deleting this one)")
+    return None
+
+
+def load(engine: Any, chosen: Intact, *, rank: int) -> tuple[int, int]:
+    """Restore ``chosen`` into ``engine`` and this rank's RNG; returns (step, consumed micro-batches)."""
+    folder, tag = chosen.folder.parent, chosen.folder.name
+    try:
+        path, client = engine.load_checkpoint(str(folder), tag=tag)
+    except (RuntimeError, ValueError, OSError, EOFError, KeyError) as exc:  # kaisa_ds's K-FAC state checks too
+        raise CheckpointError(f"--resume: loading checkpoint {chosen.folder} failed: {exc}") from exc
     if path is None:
-        raise RuntimeError(f"--resume: DeepSpeed could not load the checkpoint in {folder} (see its log above)")
-    tag = (folder / "latest").read_text().strip()
-    rng_file = folder / tag / f"rng_rank{rank:03d}.pt"
+        raise CheckpointError(f"--resume: DeepSpeed could not load checkpoint {chosen.folder} (see its log above)")
+    rng_file = chosen.folder / f"rng_rank{rank:03d}.pt"
     if rng_file.is_file():
         set_rng_state(torch.load(rng_file, weights_only=False))
     else:

@@ -9,9 +9,38 @@ Under the DeepSpeed launcher use its ``--module`` flag (it has no ``-m``)::
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from bert_pretrain.data.documents import SPLITS
+from bert_pretrain.data.prepare import MAX_UNK_RATE
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low``, so a 0 or negative count fails at parse time naming its flag
+    (``--eval-every 0`` used to crash with ZeroDivisionError, ``--max-steps 0`` to run the config's steps)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small: use an integer >= {low}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def unit_fraction(text: str) -> float:
+    """An argparse type: a float in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not between 0 and 1")
+    return value
 
 EXAMPLES = """examples (2 CPU ranks, built-in corpus, tiny model):
   deepspeed --num_gpus 2 --module bert_pretrain --phase 1 --config ds_configs/bert_tiny_phase1.json \\
@@ -41,22 +70,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", type=Path, required=True,
                      help="run folder: metrics.jsonl, loss.png, summary.json, checkpoints/, and final/ (the "
                           "model and tokenizer for --init-checkpoint or SQuAD fine-tuning)")
-    run.add_argument("--max-steps", type=int,
+    run.add_argument("--max-steps", type=at_least(1),
                      help="optimizer steps of this phase; also the schedule's total_steps (default: the config's "
                           "lr_schedule.total_steps)")
     run.add_argument("--seed", type=int, default=0,
                      help="seed of the weights, the data order, the masking and the built-in corpus (default 0)")
     run.add_argument("--resume", action="store_true",
-                     help="continue from the latest checkpoint in <output>/checkpoints, exactly where it stopped")
-    run.add_argument("--save-every", type=int, default=50,
+                     help="continue from the newest intact checkpoint in <output>/checkpoints, exactly where it "
+                          "stopped, with the vocabulary and data it was trained on (refused if they changed); a "
+                          "finished run is left as it is")
+    run.add_argument("--overwrite", action="store_true",
+                     help="start over in an --output that already holds a run (its summary and checkpoints are "
+                          "deleted); without it such a folder is refused, so results are never lost by accident")
+    run.add_argument("--save-every", type=at_least(0), default=50,
                      help="optimizer steps between checkpoints (0: only the final one; default 50)")
-    run.add_argument("--keep-checkpoints", type=int, default=3,
+    run.add_argument("--keep-checkpoints", type=at_least(0), default=3,
                      help="how many of the newest checkpoints to keep (0: all; default 3)")
-    run.add_argument("--eval-every", type=int, default=25,
+    run.add_argument("--eval-every", type=at_least(1), default=25,
                      help="optimizer steps between held-out evaluations (always at the end; default 25)")
-    run.add_argument("--eval-examples", type=int, default=512,
+    run.add_argument("--eval-examples", type=at_least(1), default=512,
                      help="held-out examples per evaluation, spread over the ranks (default 512)")
-    run.add_argument("--stop-after", type=int,
+    run.add_argument("--stop-after", type=at_least(1),
                      help="stop after this many steps of this invocation without a final save, as if killed "
                           "(to exercise --resume); the schedule still follows --max-steps")
     model = p.add_argument_group("model")
@@ -66,27 +100,37 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--init-checkpoint", type=Path,
                        help="start from these weights: phase 2 takes phase 1's <output>/final (its vocab.txt is "
                             "used unless --vocab is given)")
+    model.add_argument("--from-scratch", action="store_true",
+                       help="allow phase 2 without --init-checkpoint, from random weights (refused otherwise: phase 2 "
+                            "continues phase 1)")
     data = p.add_argument_group("data")
     data.add_argument("--data", type=Path, nargs="+",
                       help="raw text files (default: the built-in generated encyclopedia); see --doc-split. "
                            "WikiText's '= Heading =' lines start a new document")
     data.add_argument("--doc-split", choices=SPLITS, default="blocks",
                       help="what a document is: a blank-line-separated block (default) or a whole file")
-    data.add_argument("--articles", type=int, default=200,
+    data.add_argument("--articles", type=at_least(1), default=200,
                       help="articles of the built-in corpus, when --data is not given (default 200)")
     data.add_argument("--vocab", type=Path,
                       help="BERT vocab.txt (e.g. ../shared/data/bert-vocab/vocab.txt); default: train a "
                            "WordPiece vocabulary on the corpus and keep it with the prepared data")
-    data.add_argument("--vocab-size", type=int, default=8000,
+    data.add_argument("--vocab-size", type=at_least(100), default=8000,
                       help="size of a trained vocabulary (default 8000; the corpus may give fewer)")
     data.add_argument("--cased", action="store_true", help="keep letter case (default: lower-case, as uncased BERT)")
     data.add_argument("--data-cache", type=Path,
                       help="folder of the prepared Arrow shards, reused while inputs and settings match "
                            "(default: <output>/../data, so both phases share one vocabulary)")
-    data.add_argument("--dupe-factor", type=int, default=5,
+    data.add_argument("--dupe-factor", type=at_least(1), default=5,
                       help="copies of the corpus, each with different masks and pairings (default 5)")
-    data.add_argument("--max-seq-length", type=int, help="tokens per sequence (default 128 in phase 1, 512 in 2)")
-    data.add_argument("--max-predictions", type=int,
+    data.add_argument("--max-seq-length", type=at_least(8),
+                      help="tokens per sequence (default 128 in phase 1, 512 in 2)")
+    data.add_argument("--max-predictions", type=at_least(1),
                       help="masked tokens per sequence at most (default 20 in phase 1, 80 in phase 2)")
+    data.add_argument("--encoding", default="utf-8",
+                      help="text encoding of the --data files (default utf-8; a file that does not decode is refused, "
+                           "naming it, instead of losing its accented letters)")
+    data.add_argument("--max-unk-rate", type=unit_fraction, default=MAX_UNK_RATE,
+                      help=f"refuse a corpus whose tokens are more than this share [UNK] (default {MAX_UNK_RATE:g}: "
+                           "the vocabulary does not fit the text)")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher; not needed by hand")
     return p

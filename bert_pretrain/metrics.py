@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from bert_pretrain.files import write_atomic
+
+logger = logging.getLogger(__name__)
 MONITORED = ("loss", "mlm_loss", "nsp_loss", "lr", "seq_per_s", "heldout_mlm_loss", "heldout_mlm_accuracy",
              "heldout_nsp_accuracy")
+
+
+class MetricsError(ValueError):
+    """metrics.jsonl is damaged in a way a resume cannot repair; the message names the file and line."""
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL file. A torn last line (the process was killed mid-write) is dropped with a
+    warning, since the step it belongs to is redone after a resume; a bad line before it is an error."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if all(not rest.strip() for rest in lines[number:]):
+                logger.warning("%s:%d: dropping a torn last line (%d characters; the run was killed while writing "
+                               "it)", path, number, len(line))
+                break
+            raise MetricsError(f"{path}:{number}: not a JSON line ({exc}); repair or delete that line") from exc
+    return rows
 
 
 class MetricsLog:
@@ -17,25 +45,25 @@ class MetricsLog:
         self.path, self.enabled = path, enabled
         if not enabled:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kept: list[str] = []
+        kept: list[dict[str, Any]] = []
         if resume_step is not None and path.is_file():  # rows written after the checkpoint are redone
-            kept = [ln for ln in path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-        path.write_text("".join(ln + "\n" for ln in kept))
+            kept = [r for r in read_rows(path) if r.get("step", 0) <= resume_step]
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
 
     def write(self, row: dict[str, Any], *, engine: Any = None) -> None:
         if not self.enabled:
             return
         with self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
         monitor = getattr(engine, "monitor", None)
         if monitor is not None and getattr(monitor, "enabled", False):
             samples = int(getattr(engine, "global_samples", row["step"]))
             monitor.write_events([(f"Train/bert/{k}", float(row[k]), samples) for k in MONITORED if k in row])
 
     def rows(self) -> list[dict[str, Any]]:
-        return [json.loads(ln) for ln in self.path.read_text().splitlines() if ln.strip()]
+        return read_rows(self.path)
 
 
 def plot_losses(rows: list[dict[str, Any]], out: Path, title: str) -> None:
@@ -62,5 +90,7 @@ def plot_losses(rows: list[dict[str, Any]], out: Path, title: str) -> None:
     ax.legend()
     acc.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=110)
     plt.close(fig)
+    os.replace(tmp, out)

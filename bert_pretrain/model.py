@@ -26,14 +26,15 @@ SIZES = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 
 STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count")
 
 
-def build_model(size_or_dir: str | Path, *, vocab_size: int, max_positions: int = 512) -> Any:
+def build_model(size_or_dir: str | Path, *, vocab_size: int, max_positions: int = 512,
+                flag: str = "--model-size/--init-checkpoint") -> Any:
     """``BertForPreTraining``: from a saved folder (phase 2 from phase 1), or freshly initialised as BERT does."""
     from transformers import BertConfig, BertForPreTraining
 
     path = Path(size_or_dir)
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise DataError(f"--model-size/--init-checkpoint {path}: not a model folder (no config.json); give a "
+            raise DataError(f"{flag}: {path} is not a model folder (no config.json); give a "
                             f"folder written by save_pretrained, or a size: {', '.join(SIZES)}")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         model = BertForPreTraining.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)

@@ -8,49 +8,91 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from bert_pretrain import checkpoints
+from bert_pretrain import checkpoints, faults
+from bert_pretrain.checkpoints import CheckpointError
 from bert_pretrain.cli import build_parser
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.loader import MicroBatches, check_enough_examples, load_split, to_device
-from bert_pretrain.data.prepare import PHASES, prepare_phase
-from bert_pretrain.data.tokenizer import load_tokenizer
+from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase
+from bert_pretrain.data.tokenizer import load_tokenizer, vocab_digest
 from bert_pretrain.evaluation import evaluate, most_frequent_target
-from bert_pretrain.metrics import MetricsLog, plot_losses
+from bert_pretrain.files import write_atomic
+from bert_pretrain.metrics import MetricsError, MetricsLog, plot_losses
 from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
+from bert_pretrain.pins import check_pins, data_pins
+from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary
 from kaisa_ds.engine.launch import init_distributed
 
 logger = logging.getLogger("bert_pretrain")
+PIPELINE_ERRORS = (DataError, CheckpointError, MetricsError)
 
 
-def prepare_on_rank0(args: Namespace, cache: Path, rank: int) -> Path:
-    """Rank 0 prepares (or reuses) the phase's data; every rank gets the folder, or the same DataError."""
+def on_rank0(fn: Callable[[], Any]) -> Any:
+    """``fn()`` on rank 0, its result broadcast to every rank; a pipeline error raised there is raised on every
+    rank, so all stop with the same message instead of waiting for rank 0 forever."""
     import torch.distributed as tdist
 
     outcome: list[Any] = [None]
-    if rank == 0:
+    if tdist.get_rank() == 0:
         try:
-            texts = args.data or [write_builtin_corpus(cache, seed=args.seed, articles=args.articles)]
-            vocab = args.vocab
-            if vocab is None and args.init_checkpoint is not None and (args.init_checkpoint / "vocab.txt").is_file():
-                vocab = args.init_checkpoint / "vocab.txt"
-            outcome[0] = str(prepare_phase(
-                list(texts), cache, phase=args.phase, vocab=vocab, lower_case=not args.cased,
-                dupe_factor=args.dupe_factor, seed=args.seed, max_seq_length=args.max_seq_length,
-                max_predictions=args.max_predictions, doc_split=args.doc_split, vocab_size=args.vocab_size))
-        except DataError as exc:
+            outcome[0] = fn()
+        except PIPELINE_ERRORS as exc:
             outcome[0] = exc
     tdist.broadcast_object_list(outcome, src=0)
-    if isinstance(outcome[0], DataError):
+    if isinstance(outcome[0], PIPELINE_ERRORS):
         raise outcome[0]
-    return Path(outcome[0])
+    return outcome[0]
+
+
+def plan_start(args: Namespace, out: Path, *, world: int, max_steps: int) -> dict[str, Any]:
+    """Rank 0's decision before any work: ``{"finished": summary}`` for a finished run that --resume must leave
+    alone, else ``{"resume": checkpoint or None}``, the newest intact checkpoint to continue from."""
+    ckpt_dir = out / "checkpoints"
+    if not args.resume:
+        check_fresh_output(out, overwrite=args.overwrite)
+        return {"resume": None}
+    summary = finished_summary(out, max_steps=max_steps)
+    if summary is not None:
+        return {"finished": summary}
+    chosen = checkpoints.newest_intact(ckpt_dir, world=world)
+    if chosen is None:
+        logger.warning("--resume: no checkpoint in %s yet; starting from step 0", ckpt_dir)
+    return {"resume": chosen}
+
+
+def prepare_data(args: Namespace, cache: Path, chosen: checkpoints.Intact | None) -> tuple[Path, dict[str, Any]]:
+    """Prepare (or reuse) the phase's data; a resume uses the vocabulary pinned in its checkpoint and refuses
+    data that differs from what the checkpoint was trained on. Returns the folder and its pins."""
+    texts = args.data or [write_builtin_corpus(cache, seed=args.seed, articles=args.articles)]
+    vocab = args.vocab
+    if vocab is None and args.init_checkpoint is not None and (args.init_checkpoint / "vocab.txt").is_file():
+        vocab = args.init_checkpoint / "vocab.txt"
+    if chosen is not None:
+        check_pins(chosen.pins, {**chosen.pins, "inputs": input_fingerprint(list(texts))}, checkpoint=chosen.folder)
+        pinned = chosen.folder / checkpoints.VOCAB
+        if vocab is not None and vocab_digest(vocab) != vocab_digest(pinned):
+            raise DataError(f"--resume: --vocab {vocab} differs from {pinned}, the vocabulary {chosen.folder} was "
+                            "trained with; leave --vocab out (the checkpoint's is reused) or start a new run")
+        vocab = pinned  # never retrain: the token ids must stay those of the checkpoint
+    folder = prepare_phase(
+        list(texts), cache, phase=args.phase, vocab=vocab, lower_case=not args.cased, dupe_factor=args.dupe_factor,
+        seed=args.seed, max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
+        doc_split=args.doc_split, vocab_size=args.vocab_size, encoding=args.encoding,
+        max_unk_rate=args.max_unk_rate)
+    current = data_pins(folder)
+    if chosen is not None:
+        check_pins(chosen.pins, current, checkpoint=chosen.folder)
+    return folder, current
 
 
 def write_builtin_corpus(cache: Path, *, seed: int, articles: int) -> Path:
@@ -66,7 +108,11 @@ def engine_config(path: Path, max_steps: int | None) -> tuple[dict[str, Any], in
     """The DeepSpeed config with the schedule's total_steps set to the steps of this run."""
     from kaisa_ds.engine.ds_config import load_config
 
-    cfg = load_config(path)
+    try:
+        cfg = load_config(path)
+    except (ValueError, OSError) as exc:  # a binary file raises UnicodeDecodeError, which names no file
+        raise DataError(f"--config {path}: not a readable JSON config ({exc}); give a DeepSpeed JSON file such as "
+                        "ds_configs/bert_tiny_phase1.json") from exc
     schedule = cfg.get("lr_schedule")
     steps = max_steps or int((schedule or {}).get("total_steps", 0))
     if steps <= 0:
@@ -83,41 +129,63 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         summary = run(args)
-    except DataError as exc:
+    except (DataError, MetricsError) as exc:
         logger.error("%s", exc)
         return 2
     except FloatingPointError as exc:  # every rank sees the same reduced loss, so all stop here
         logger.error("%s", exc)
         return 3
+    except CheckpointError as exc:
+        logger.error("%s", exc)
+        return 4
+    finally:
+        _leave_process_group()
     if summary.get("rank", 0) == 0 and "stopped_at" not in summary:
         print(f"bert_pretrain phase {args.phase}: {json.dumps({k: v for k, v in summary.items() if k != 'rank'})}")
     return 0
+
+
+def _leave_process_group() -> None:
+    """Tear down torch.distributed before exit: left to interpreter shutdown, gloo's threads can abort the
+    process ("terminate called without an active exception", exit -6) and hide the real exit code."""
+    import torch.distributed as tdist
+
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
 
 
 def run(args: Namespace) -> dict[str, Any]:
     """Train one phase; returns the summary (also written to <output>/summary.json)."""
     import kaisa_ds
 
+    check_args(args)  # before anything heavy: a wrong path fails in seconds
+    cfg, max_steps = engine_config(args.config, args.max_steps)
     rank, world = init_distributed()
     out: Path = args.output
     cache = args.data_cache or out.parent / "data"
-    folder = prepare_on_rank0(args, cache, rank)
+    plan = on_rank0(lambda: plan_start(args, out, world=world, max_steps=max_steps))
+    if "finished" in plan:
+        logger.warning("--resume: %s already finished its %d steps; nothing to do, its results are kept", out,
+                       max_steps)
+        return {**plan["finished"], "already_finished": True, "rank": rank}
+    chosen: checkpoints.Intact | None = plan["resume"]
+    folder, pins = on_rank0(lambda: prepare_data(args, cache, chosen))
     train_set, heldout = load_split(folder, "train"), load_split(folder, "heldout")
     tok = load_tokenizer(cache / "vocab.txt", lower_case=not args.cased)
     seq = args.max_seq_length or PHASES[args.phase][0]
     torch.manual_seed(args.seed)
-    source = args.init_checkpoint or args.model_size
-    bert = build_model(source, vocab_size=len(tok), max_positions=max(512, seq))
-    check_positions(bert, seq, source=f"--init-checkpoint/--model-size {source}")
+    flag = f"--init-checkpoint {args.init_checkpoint}" if args.init_checkpoint else f"--model-size {args.model_size}"
+    bert = build_model(args.init_checkpoint or args.model_size, vocab_size=len(tok), max_positions=max(512, seq),
+                       flag=flag)
+    check_positions(bert, seq, source=flag)
     torch.manual_seed(args.seed + 1000 * rank)  # the same weights everywhere, different dropout masks per rank
-    cfg, max_steps = engine_config(args.config, args.max_steps)
     module = PretrainingLoss(bert)
     engine, _, _, _ = kaisa_ds.initialize(model=module, model_parameters=module.parameters(), config=cfg)
     micro, gas, global_batch = (engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps(),
                                 engine.train_batch_size())
     check_enough_examples(len(train_set), global_batch=global_batch, world=world, folder=folder)
     ckpt_dir = out / "checkpoints"
-    start, consumed = checkpoints.load_latest(engine, ckpt_dir, rank=rank) if args.resume else (0, 0)
+    start, consumed = checkpoints.load(engine, chosen, rank=rank) if chosen is not None else (0, 0)
     batches = iter(MicroBatches(train_set, micro_batch=micro, seed=args.seed, rank=rank, world=world,
                                 consumed=consumed))
     metrics = MetricsLog(out / "metrics.jsonl", enabled=rank == 0, resume_step=start if args.resume else None)
@@ -126,6 +194,7 @@ def run(args: Namespace) -> dict[str, Any]:
     bar = tqdm(total=max_steps, initial=start, desc=f"phase {args.phase}", unit="step", disable=rank != 0)
     t_start, last = time.perf_counter(), {}
     for step in range(start + 1, stop + 1):
+        faults.inject("step", rank=rank, step=step)
         row = train_step(engine, module, batches, step=step, world=world, gas=gas, global_batch=global_batch)
         consumed += gas
         if step % args.eval_every == 0 or step == max_steps:
@@ -136,19 +205,23 @@ def run(args: Namespace) -> dict[str, Any]:
         bar.update()
         bar.set_postfix(loss=f"{row['loss']:.3f}")
         if (args.save_every and step % args.save_every == 0) or step == max_steps:
-            checkpoints.save(engine, ckpt_dir, step=step, consumed=consumed, rank=rank, keep=args.keep_checkpoints)
+            checkpoints.save(engine, ckpt_dir, step=step, consumed=consumed, rank=rank, world=world,
+                             keep=args.keep_checkpoints, pins=pins, vocab=cache / "vocab.txt")
     bar.close()
     if stop < max_steps:
         logger.warning("stopped after step %d of %d (--stop-after); continue with --resume", stop, max_steps)
         return {"stopped_at": stop, "rank": rank}
+    if not last and rank == 0:  # killed after the final checkpoint, before the summary: take the logged row
+        last = next((r for r in reversed(metrics.rows()) if "loss" in r), {})
     summary = {"phase": args.phase, "steps": max_steps, "resumed_from": start,
                "wall_seconds": round(time.perf_counter() - t_start, 2), "world_size": world,
                "global_batch": global_batch, "kfac": engine.kfac is not None, "final_train_loss": last.get("loss"),
                **{k: v for k, v in last.items() if k.startswith("heldout_")}, "rank": rank}
-    if rank == 0:
+    if rank == 0:  # summary.json last: its presence means the run finished and wrote everything
         save_final(module, tok, cache / "vocab.txt", out / "final")
-        (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "rank"}, indent=1))
         plot_losses(metrics.rows(), out / "loss.png", f"phase {args.phase}" + (" + K-FAC" if engine.kfac else ""))
+        write_atomic(out / "summary.json",
+                     json.dumps({k: v for k, v in summary.items() if k != "rank"}, indent=1).encode())
     return summary
 
 
@@ -185,7 +258,15 @@ def train_step(engine: Any, module: PretrainingLoss, batches: Any, *, step: int,
 
 
 def save_final(module: PretrainingLoss, tok: Any, vocab: Path, folder: Path) -> None:
-    """The HF model and tokenizer (with vocab.txt) for phase 2 and SQuAD fine-tuning."""
-    module.bert_model.save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    (folder / "vocab.txt").write_bytes(vocab.read_bytes())
+    """The HF model and tokenizer (with vocab.txt) for phase 2 and SQuAD fine-tuning, written beside ``folder``
+    and swapped in whole, so a crash leaves the old final/ or the new one, never a mix."""
+    tmp, old = folder.with_name(f".{folder.name}.tmp"), folder.with_name(f".{folder.name}.old")
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    module.bert_model.save_pretrained(str(tmp))
+    tok.save_pretrained(str(tmp))
+    (tmp / "vocab.txt").write_bytes(vocab.read_bytes())
+    if folder.exists():
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds[label][f"phase{phase}"] = record.run(
                 f"{root.name}/phase{phase}", "bert_pretrain", phase_args,
                 output=root / f"phase{phase}" / "summary.json", log=root / f"phase{phase}.log", ranks=args.ranks,
-                inputs=[upstream], resume_flag="--resume")
+                inputs=[upstream], resume_flag="--resume", restart_flag="--overwrite")
             bar.update()
         bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
         squad_args = ["--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",

@@ -44,14 +44,20 @@ class StageRecord:
                 logger.warning("%s is unreadable; every stage runs again", path)
 
     def run(self, key: str, module: str, args: list[str], *, output: Path, log: Path, ranks: int,
-            inputs: Sequence[str] = (), resume_flag: str | None = None) -> float:
-        """Run (or skip, or resume) ``module`` under the launcher; returns its wall seconds (recorded if skipped)."""
+            inputs: Sequence[str] = (), resume_flag: str | None = None, restart_flag: str | None = None) -> float:
+        """Run (or skip, or resume) ``module`` under the launcher; returns its wall seconds (recorded if skipped).
+
+        ``restart_flag`` is passed when the stage starts over (its output folder may hold an older run, which
+        the stage refuses to replace without being told)."""
         rec = self.stages.get(key)
         same = rec is not None and rec.get("args") == args and rec.get("inputs") == list(inputs)
         if same and rec is not None and rec.get("done") and output.exists():
             logger.info("%s: already done (%s); skipped (--fresh to redo)", key, output)
             return float(rec.get("seconds", 0.0))
-        run_args = args + [resume_flag] if same and resume_flag else args
+        if same and resume_flag:
+            run_args = args + [resume_flag]
+        else:
+            run_args = args + [restart_flag] if restart_flag else args
         self._save(key, {"args": args, "inputs": list(inputs), "done": False})
         seconds = launch(module, run_args, ranks=ranks, log=log)
         self._save(key, {"args": args, "inputs": list(inputs), "done": True, "seconds": seconds,

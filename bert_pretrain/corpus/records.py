@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bert_pretrain.files import write_if_changed
+
 
 @dataclass
 class QA:
@@ -46,8 +48,7 @@ class GeneratedCorpus:
     def write_text(self, path: str | Path) -> Path:
         """Raw text for pretraining: one document per blank-line-separated block."""
         out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("\n\n".join(self.documents()) + "\n", encoding="utf-8")
+        write_if_changed(out, ("\n\n".join(self.documents()) + "\n").encode("utf-8"))  # a rerun keeps the mtime
         return out
 
     def to_squad(self, articles: list[Article] | None = None) -> dict[str, Any]:
@@ -64,8 +65,7 @@ class GeneratedCorpus:
     def write_squad_json(self, path: str | Path, *, articles: list[Article] | None = None) -> Path:
         """Standard SQuAD v1.1 JSON of ``articles`` (default: all of them)."""
         out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(self.to_squad(articles)), encoding="utf-8")
+        write_if_changed(out, json.dumps(self.to_squad(articles)).encode("utf-8"))
         return out
 
 

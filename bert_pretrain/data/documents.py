@@ -44,7 +44,24 @@ def _file_documents(lines: list[str], *, split: str) -> list[list[str]]:
     return docs
 
 
-def read_documents(paths: list[Path], *, split: str = "blocks") -> list[list[str]]:
+def decode(path: Path, *, encoding: str = "utf-8", flag: str = "--data") -> str:
+    """The file's text; an error naming it when it is binary or not in ``encoding`` (a lenient decode would
+    silently turn every accented letter of a Latin-1 file into U+FFFD, and then [UNK])."""
+    raw = path.read_bytes()
+    if b"\0" in raw[:1 << 20]:
+        raise DataError(f"{flag}: {path} looks binary (it has NUL bytes); give plain text files")
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{flag}: {path} is not valid {encoding} (byte 0x{raw[exc.start]:02x} at offset "
+                        f"{exc.start}); convert it to UTF-8, or name its encoding with --encoding (e.g. latin-1)"
+                        ) from exc
+    except LookupError as exc:
+        raise DataError(f"--encoding {encoding}: unknown encoding; use a Python codec name such as utf-8 or "
+                        "latin-1") from exc
+
+
+def read_documents(paths: list[Path], *, split: str = "blocks", encoding: str = "utf-8") -> list[list[str]]:
     """Documents as lists of sentences, from every file in ``paths`` (in order)."""
     if split not in SPLITS:
         raise DataError(f"--doc-split {split!r} is not valid; use one of {', '.join(SPLITS)}")
@@ -54,7 +71,7 @@ def read_documents(paths: list[Path], *, split: str = "blocks") -> list[list[str
     for path in paths:
         if not path.is_file():
             raise DataError(f"--data: {path} does not exist or is not a file; check the path")
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = decode(path, encoding=encoding)
         if not text.strip():
             raise DataError(f"--data: {path} is empty; give a file with text or leave it out")
         docs.extend(_file_documents(text.splitlines(), split=split))

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from bert_pretrain.data.documents import DataError, read_documents
 from bert_pretrain.data.examples import ExampleSettings, Specials, batch_examples
 from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
+from bert_pretrain.files import write_atomic
 
 logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
@@ -35,8 +36,23 @@ TOKENIZE_CHUNK = 20_000  # sentences per tokenizer call (one progress-bar tick)
 ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
 
 
-def _fingerprint(paths: list[Path]) -> list[list[Any]]:
-    return [[str(p.resolve()), p.stat().st_size, int(p.stat().st_mtime)] for p in paths if p.is_file()]
+MAX_UNK_RATE = 0.2  # share of [UNK] in the tokenized corpus above which the text and vocabulary do not match
+MIN_VOCAB = 100  # tokens a vocabulary needs at least (BERT's has 30,522; a trained one usually thousands)
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of the file's content (prefix): what the data *is*, whatever its path or modification time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def input_fingerprint(paths: list[Path]) -> list[list[Any]]:
+    """Name, size and content digest of each input: rewriting a file with the same text (a new mtime) keeps
+    the prepared data and the trained vocabulary; any change of content prepares them again."""
+    return [[p.name, p.stat().st_size, file_digest(p)] for p in paths if p.is_file()]
 
 
 def _read_json(path: Path) -> Any:
@@ -79,8 +95,24 @@ def prepare_vocab(docs: list[list[str]], out_dir: Path, *, inputs: list[list[Any
         train_vocab(docs, out_dir, vocab_size=vocab_size, lower_case=lower_case)
         record = {**_trained_vocab_wanted(inputs, lower_case=lower_case, vocab_size=vocab_size),
                   "digest": vocab_digest(path)}
-    record_path.write_text(json.dumps(record, indent=1))
+    write_atomic(record_path, json.dumps(record, indent=1).encode())
     return path
+
+
+def check_coverage(docs: list[list[list[int]]], tok: Any, *, texts: list[Path], vocab: Path | None,
+                   max_unk_rate: float) -> None:
+    """Refuse a vocabulary far too small for anything, or one that leaves the corpus mostly [UNK]."""
+    source = f"--vocab {vocab}" if vocab is not None else "the vocabulary trained on --data"
+    if len(tok) < MIN_VOCAB:
+        raise DataError(f"{source} has {len(tok)} tokens; at least {MIN_VOCAB} are needed (BERT's has 30,522): give "
+                        "a real BERT vocab.txt, or more text to train one on")
+    total = sum(len(s) for d in docs for s in d)
+    unk = sum(s.count(tok.unk_token_id) for d in docs for s in d)
+    if total and unk / total > max_unk_rate:
+        names = " ".join(str(p) for p in texts)
+        raise DataError(f"--data {names}: {unk / total:.0%} of its {total} tokens are [UNK] with {source} (more than "
+                        f"--max-unk-rate {max_unk_rate:g}); the text is not what the vocabulary was made for (binary "
+                        "data, another language or encoding?). Check the files and --vocab, or raise --max-unk-rate")
 
 
 def tokenize_documents(docs: list[list[str]], tok: Any) -> list[list[list[int]]]:
@@ -123,10 +155,13 @@ def _features() -> Any:
 def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path | None = None,
                   lower_case: bool = True, dupe_factor: int = 5, seed: int = 12345, heldout_fraction: float = 0.1,
                   max_seq_length: int | None = None, max_predictions: int | None = None, doc_split: str = "blocks",
-                  vocab_size: int = 8000, num_proc: int | None = None) -> Path:
+                  vocab_size: int = 8000, num_proc: int | None = None, encoding: str = "utf-8",
+                  max_unk_rate: float = MAX_UNK_RATE) -> Path:
     """Write ``out_dir/phase<N>/{train,heldout}`` (and ``out_dir/vocab.txt``); return the phase folder.
 
-    ``num_proc``: worker processes for example creation (default: all cores, once there is enough work)."""
+    ``num_proc``: worker processes for example creation (default: all cores, once there is enough work).
+    ``max_unk_rate``: refuse a corpus whose tokens are more than this share [UNK] (a vocabulary or encoding that
+    does not fit the text would otherwise train on noise)."""
     from datasets import Dataset, load_from_disk
 
     seq, max_pred = max_seq_length or PHASES[phase][0], max_predictions or PHASES[phase][1]
@@ -136,8 +171,9 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
     if dupe_factor < 1:
         raise DataError(f"--dupe-factor {dupe_factor}: must be at least 1")
     settings = ExampleSettings(max_seq_length=seq, max_predictions=max_pred, dupe_factor=dupe_factor, seed=seed)
-    folder, inputs = out_dir / f"phase{phase}", _fingerprint(texts)
-    manifest = {"inputs": inputs, "doc_split": doc_split, "lower_case": lower_case, "settings": asdict(settings),
+    folder, inputs = out_dir / f"phase{phase}", input_fingerprint(texts)
+    manifest = {"inputs": inputs, "encoding": encoding, "doc_split": doc_split, "lower_case": lower_case,
+                "settings": asdict(settings),
                 "heldout_fraction": heldout_fraction, "vocab_digest": expected_vocab_digest(
                     out_dir, vocab=vocab, inputs=inputs, lower_case=lower_case, vocab_size=vocab_size)}
     old, cached = _read_json(folder / "manifest.json"), out_dir / "vocab.txt"
@@ -145,12 +181,13 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
             and vocab_digest(cached) == manifest["vocab_digest"]:
         logger.info("reusing the prepared phase-%d data in %s", phase, folder)
         return folder
-    text_docs = read_documents(texts, split=doc_split)
+    text_docs = read_documents(texts, split=doc_split, encoding=encoding)
     vocab_path = prepare_vocab(text_docs, out_dir, inputs=inputs, vocab=vocab, lower_case=lower_case,
                                vocab_size=vocab_size)
     tok = load_tokenizer(vocab_path, lower_case=lower_case)
     docs = tokenize_documents(text_docs, tok)
     train_docs, held_docs = split_documents(len(docs), heldout_fraction=heldout_fraction, seed=seed)
+    check_coverage(docs, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
     pools = {"train": train_docs, "heldout": held_docs if len(held_docs) > 1 else train_docs}
@@ -173,5 +210,5 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
         load_from_disk(str(folder / part))  # fail here, not in training, if the shards are unreadable
         logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples), seq,
                     len(indices))
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1).encode())  # last: marks them complete
     return folder

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.data.documents import DataError
+from bert_pretrain.files import write_atomic
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -15,7 +16,11 @@ def vocab_tokens(path: Path, *, flag: str = "--vocab") -> list[str]:
     """The tokens of a vocab.txt, one per line; an error naming ``flag`` when any BERT special token is missing."""
     if not path.is_file():
         raise DataError(f"{flag}: {path} does not exist; give a BERT vocab.txt or leave {flag} out to train one")
-    tokens = [t for t in path.read_text(encoding="utf-8").splitlines() if t]
+    try:
+        tokens = [t for t in path.read_text(encoding="utf-8").splitlines() if t]
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{flag}: {path} is not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset "
+                        f"{exc.start}); give a BERT vocab.txt, one token per line") from exc
     missing = [t for t in SPECIAL if t not in tokens]
     if missing:
         raise DataError(f"{flag}: {path} lacks the special token(s) {' '.join(missing)}; a BERT vocab.txt needs "
@@ -41,18 +46,14 @@ def load_tokenizer(vocab: Path, *, lower_case: bool = True, flag: str = "--vocab
 
 def train_vocab(documents: list[list[str]], out_dir: Path, *, vocab_size: int = 8000,
                 lower_case: bool = True) -> Path:
-    """Train a WordPiece vocabulary on the corpus and write ``out_dir/vocab.txt``."""
-    from tokenizers import BertWordPieceTokenizer
+    """Learn a WordPiece vocabulary on the corpus and write ``out_dir/vocab.txt`` (the same file for the same
+    corpus and settings, in any process: see :mod:`bert_pretrain.data.wordpiece` for why not ``tokenizers``)."""
+    from bert_pretrain.data.wordpiece import learn_vocab, word_counts
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trainer = BertWordPieceTokenizer(lowercase=lower_case)
-    sentences = (s for doc in documents for s in doc)
-    trainer.train_from_iterator(sentences, vocab_size=vocab_size, special_tokens=SPECIAL, min_frequency=2,
-                                show_progress=False)
-    trainer.save_model(str(out_dir))
-    # the trainer's token order depends on hash-map iteration: sort it so the same tokens get the same ids
-    path = out_dir / "vocab.txt"
-    tokens = [t for t in path.read_text(encoding="utf-8").splitlines() if t]
+    counts = word_counts((s for doc in documents for s in doc), lower_case=lower_case)
+    tokens = learn_vocab(counts, vocab_size=vocab_size, specials=SPECIAL)
+    # specials first, then words before continuation pieces, each alphabetically: ids do not follow merge order
     rest = sorted(set(tokens) - set(SPECIAL), key=lambda t: (t.startswith("##"), t))
-    path.write_text("\n".join(SPECIAL + rest) + "\n", encoding="utf-8")
+    path = out_dir / "vocab.txt"
+    write_atomic(path, ("\n".join(SPECIAL + rest) + "\n").encode("utf-8"))
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,7 +66,7 @@ def test_a_rerun_stage_reruns_what_reads_its_output_and_changed_data_reruns_its_
 
     def chain(steps: str) -> None:
         record = StageRecord(tmp_path / "stages.json", fresh=False)
-        common = {"output": tmp_path / "summary.json", "log": tmp_path / "log", "ranks": 2}
+        common: dict[str, Any] = {"output": tmp_path / "summary.json", "log": tmp_path / "log", "ranks": 2}
         record.run("p1", "bert_pretrain", ["--max-steps", steps], inputs=[file_digest([data])], **common)
         record.run("p2", "bert_pretrain", ["--phase", "2"], inputs=[record.token("p1")], **common)
 
@@ -76,3 +77,18 @@ def test_a_rerun_stage_reruns_what_reads_its_output_and_changed_data_reruns_its_
     chain("6")  # the data changed under the same path: both run
     assert [a for _, a in launches] == [["--max-steps", "5"], ["--phase", "2"], ["--max-steps", "6"], ["--phase", "2"],
                                         ["--max-steps", "6"], ["--phase", "2"]]
+
+
+def test_a_stage_that_starts_over_is_told_to_replace_its_old_output(tmp_path: Path, launches: list) -> None:
+    """bert_pretrain refuses an --output that holds a run unless told --overwrite: the record passes it exactly
+    when it does not resume."""
+    record = StageRecord(tmp_path / "stages.json", fresh=False)
+    common: dict[str, Any] = {"output": tmp_path / "summary.json", "log": tmp_path / "log", "ranks": 2,
+                              "resume_flag": "--resume", "restart_flag": "--overwrite"}
+    with pytest.raises(RuntimeError):
+        record.run("p1", "bert_pretrain", ["--crash"], **common)
+    with pytest.raises(RuntimeError):
+        record.run("p1", "bert_pretrain", ["--crash"], **common)
+    record.run("p1", "bert_pretrain", ["--max-steps", "6"], **common)
+    assert [a for _, a in launches] == [["--crash", "--overwrite"], ["--crash", "--resume"],
+                                        ["--max-steps", "6", "--overwrite"]]

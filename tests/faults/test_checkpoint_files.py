@@ -1,0 +1,79 @@
+"""Defect 6: corrupt or half-written checkpoints are detected from their files, named, and skipped for the
+newest intact one; DeepSpeed's ``latest`` (empty, dangling or pointing at a half-written tag) is not trusted."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_pretrain.checkpoints import MARKER, CheckpointError, newest_intact, write_marker
+
+PINS = {"vocab_digest": "v", "inputs": [["corpus.txt", 1, "d"]], "data_digest": "x"}
+
+
+def _tag(folder: Path, step: int, *, world: int = 2, complete: bool = True) -> Path:
+    """A checkpoint folder with the files a save writes (small stand-ins for the real tensors)."""
+    tag = folder / f"step{step}"
+    tag.mkdir(parents=True)
+    torch.save({"module": {"w": torch.randn(64, 64)}, "step": step}, tag / "mp_rank_00_model_states.pt")
+    for rank in range(world):
+        torch.save({"torch": torch.get_rng_state()}, tag / f"rng_rank{rank:03d}.pt")
+    (tag / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    if complete:
+        write_marker(tag, step=step, world=world, pins=PINS)
+    (folder / "latest").write_text(tag.name)
+    return tag
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("damage", "culprit"), [
+    (lambda t: _truncate(t / "mp_rank_00_model_states.pt"), "mp_rank_00_model_states.pt"),
+    (lambda t: _truncate(t / "rng_rank001.pt"), "rng_rank001.pt"),
+    (lambda t: _flip_a_byte(t / "mp_rank_00_model_states.pt"), "mp_rank_00_model_states.pt"),
+    (lambda t: (t / "rng_rank000.pt").unlink(), "rng_rank000.pt"),
+    (lambda t: (t / MARKER).unlink(), MARKER),  # killed mid-save: DeepSpeed's latest already names it
+    (lambda t: (t / MARKER).write_text('{"step": 4, "fil'), MARKER),
+], ids=["truncated-model", "truncated-rng", "corrupt-model", "missing-rng", "half-written", "torn-marker"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_intact_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, culprit: str) -> None:
+    _tag(tmp_path, 2)
+    newest = _tag(tmp_path, 4)
+    damage(newest)  # type: ignore[operator]
+    with caplog.at_level(logging.WARNING):
+        chosen = newest_intact(tmp_path, world=2)
+    assert chosen is not None and chosen.folder == tmp_path / "step2" and chosen.step == 2
+    assert chosen.pins == PINS
+    assert culprit in caplog.text and "step4" in caplog.text
+
+
+@pytest.mark.parametrize("latest", ["", "step99", "step2"])
+def test_latest_is_not_trusted(tmp_path: Path, latest: str) -> None:
+    _tag(tmp_path, 2)
+    _tag(tmp_path, 4)
+    (tmp_path / "latest").write_text(latest)
+    chosen = newest_intact(tmp_path, world=2)
+    assert chosen is not None and chosen.step == 4
+
+
+def test_no_intact_checkpoint_is_an_error_naming_each_file(tmp_path: Path) -> None:
+    _truncate(_tag(tmp_path, 2) / "rng_rank001.pt")
+    _tag(tmp_path, 4, complete=False)
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint") as err:
+        newest_intact(tmp_path, world=2)
+    assert "step2/rng_rank001.pt" in str(err.value) and f"step4/{MARKER} is missing" in str(err.value)
+
+
+def test_no_checkpoint_at_all_starts_from_step_0(tmp_path: Path) -> None:
+    assert newest_intact(tmp_path / "checkpoints", world=2) is None
