@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from bert_pretrain.data.documents import SPLITS
+from bert_pretrain.eval_sets import named_text
 
 EXAMPLES = """examples (2 CPU ranks, built-in corpus, tiny model):
   deepspeed --num_gpus 2 --module bert_pretrain --phase 1 --config ds_configs/bert_tiny_phase1.json \\
@@ -70,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data", type=Path, nargs="+",
                       help="raw text files (default: the built-in generated encyclopedia); see --doc-split. "
                            "WikiText's '= Heading =' lines start a new document")
+    data.add_argument("--eval-data", type=named_text, nargs="+", metavar="NAME=FILE",
+                      help="evaluate on these texts instead of the documents held out of --data: each is prepared "
+                           "with the training vocabulary and a fixed seed (the same examples for every run) and "
+                           "logged as heldout_<NAME>_mlm_loss etc.; e.g. tune=parts/tune.txt")
     data.add_argument("--doc-split", choices=SPLITS, default="blocks",
                       help="what a document is: a blank-line-separated block (default) or a whole file")
     data.add_argument("--articles", type=int, default=200,
