@@ -125,7 +125,7 @@ def _run_strategy(rank: int, world: int, fraction: str, symmetric: bool, size: s
         for step in range(max(STEP_KINDS) + 1):
             before_core, before_seen = core_counters(kfac), dict(counter.sent)
             model.zero_grad(set_to_none=True)
-            pretraining_loss(model, *batch).backward()
+            pretraining_loss(model, batch).backward()
             for p in model.parameters():  # data-parallel gradient averaging (not K-FAC traffic: no stage open)
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
