@@ -72,20 +72,23 @@ def curve_of(record: dict[str, Any]) -> Curve:
 
 
 def choose(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The tuning run with the lowest final held-out MLM loss on the tune part (the first of equals)."""
-    if not records:
-        raise ValueError("no tuning runs to choose from")
+    """The tuning run with the lowest final held-out MLM loss on the tune part (the first of equals); failed
+    (diverged) runs have no final loss and are never chosen."""
     parts = {r["spec"]["eval_part"] for r in records}
     if parts != {"tune"}:
-        raise ValueError(f"tuning choices must read the tune part only, got runs evaluated on {sorted(parts)}")
-    return min(records, key=lambda r: r["final"])
+        raise ValueError("tuning choices must read the tune part only, got runs evaluated on "
+                         f"{sorted(parts or ['none'])}")
+    finished = [r for r in records if r["final"] is not None]
+    if not finished:
+        raise ValueError("no finished tuning run to choose from")
+    return min(finished, key=lambda r: r["final"])
 
 
 def run_summary(record: dict[str, Any], *, plateau_loss: float, targets: Sequence[float]) -> dict[str, Any]:
     """Final loss, where the run left the plateau, and when it reached each target (None: never)."""
     curve = curve_of(record)
     left = first_crossing(curve, plateau_loss - PLATEAU_MARGIN)
-    out: dict[str, Any] = {"seed": record["spec"]["seed"], "final": curve.final,
+    out: dict[str, Any] = {"seed": record["spec"]["seed"], "final": record["final"], "failed": record.get("error"),
                            "train_seconds": record["train_seconds"], "steps": record["spec"]["steps"],
                            "plateau_exit_step": left.step if left else None,
                            "plateau_exit_seconds": left.seconds if left else None, "targets": {}}
@@ -118,8 +121,8 @@ def compare(lamb: list[dict[str, Any]], kfac: list[dict[str, Any]], *, plateau_l
         kr = by_seed.get(lr["spec"]["seed"])
         if kr is None:
             continue
-        target = lr["final"]
-        hit = first_crossing(curve_of(kr), target)
+        target = lr["final"]  # None when that LAMB run failed
+        hit = first_crossing(curve_of(kr), target) if target is not None else None
         pairs.append({"seed": lr["spec"]["seed"], "lamb_final": target, "kfac_final": kr["final"],
                       "kfac_steps_to_lamb_final": hit.step if hit else None,
                       "kfac_seconds_to_lamb_final": hit.seconds if hit else None,

@@ -53,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "convergence",
                        help="JSON records and plots (default: %(default)s)")
         c.add_argument("--quick", action="store_true", help="toy scale (tiny model, 4 steps, 1-run grids)")
-        c.add_argument("--steps", type=int, help="override the regime's steps (tune: tuning steps)")
+        c.add_argument("--steps", type=int, help="override the regime's steps (tuning and final alike)")
+        c.add_argument("--model-size", choices=["tiny", "mini", "base"],
+                       help="override the regimes' model (default: tiny; see regimes.py for why)")
     sub.choices["tune"].add_argument("--regime", choices=sorted(REGIMES), required=True)
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
@@ -67,6 +69,9 @@ def regime_of(name: str, args: argparse.Namespace) -> Regime:
     regime = quick(REGIMES[name]) if args.quick else REGIMES[name]
     if args.steps:
         regime = dataclasses.replace(regime, steps=args.steps, tune_steps=args.steps)
+    if args.model_size:
+        regime = dataclasses.replace(regime, model_size=args.model_size,
+                                     notes=regime.notes.replace("BERT-tiny", f"BERT-{args.model_size}"))
     regime.check_budget()
     return regime
 

@@ -3,7 +3,7 @@
 Each run trains on the training part only and is evaluated on exactly one other part (``tune`` while tuning,
 ``report`` for the final figures), so a tuning choice cannot see the report part and a reported figure cannot
 come from the tuning part. Its record (settings, curve, the command) is written as JSON; a record already there
-with the same settings is reused, so an interrupted tuning sweep continues where it stopped.
+with the same settings (run and regime) is reused, so an interrupted tuning sweep continues where it stopped.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds."""
     if record.is_file():
         old = json.loads(record.read_text())
-        if old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256:
+        same_regime = {k: v for k, v in old.get("regime", {}).items() if k != "notes"} == \
+            {k: v for k, v in json.loads(json.dumps(asdict(regime))).items() if k != "notes"}  # tuples → lists
+        if old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256 and same_regime:
             logger.info("%s: recorded in %s; reused", spec.name, record)
             return dict(old)
     from mission.jobs import launch
@@ -72,15 +74,20 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     cache = work / "data" / f"{regime.model_size}_seq{regime.seq}_seed{spec.seed}"
     args = train_args(spec, regime, parts, vocab=vocab, config=config, out=folder / "run", cache=cache)
     start = time.perf_counter()
-    launch("bert_pretrain", args, ranks=regime.ranks, log=folder / "train.log")
+    error = None
+    try:
+        launch("bert_pretrain", args, ranks=regime.ranks, log=folder / "train.log")
+    except RuntimeError as exc:  # e.g. a diverged tuning run (non-finite loss): recorded as failed, not fatal
+        error = str(exc)[-2000:]
+        logger.warning("%s failed; recorded as failed (log: %s)", spec.name, folder / "train.log")
     wall = time.perf_counter() - start
     rows = read_rows(folder / "run" / "metrics.jsonl")
     curve = heldout_curve(rows, column=f"heldout_{spec.eval_part}_mlm_loss")
-    if not curve.values:
+    if not curve.values and error is None:
         raise RuntimeError(f"{spec.name}: no heldout_{spec.eval_part}_mlm_loss in {folder / 'run' / 'metrics.jsonl'}")
     result = {"spec": spec.key(), "parts_sha256": parts.source_sha256, "regime": asdict(regime),
-              "curve": asdict(curve), "final": curve.values[-1],
-              "train_seconds": float(rows[-1]["elapsed_s"]), "wall_seconds": round(wall, 1),
+              "curve": asdict(curve), "final": None if error else curve.values[-1], "error": error,
+              "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",
                                                    "bert_pretrain", *args], "machine": machine}
     record.parent.mkdir(parents=True, exist_ok=True)

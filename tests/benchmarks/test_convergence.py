@@ -88,10 +88,21 @@ def test_compare_pairs_seeds_interpolates_and_reports_never_reached() -> None:
 def test_choice_reads_the_tune_part_and_figures_the_report_part() -> None:
     tune = [_record("lamb", 0, "tune", [7.0, 6.0]), _record("lamb", 0, "tune", [7.0, 5.5])]
     assert analysis.choose(tune) is tune[1]
+    diverged = {**_record("lamb", 0, "tune", [7.0]), "final": None, "error": "non-finite loss"}
+    assert analysis.choose([diverged, *tune]) is tune[1]  # a failed run has no final loss and is never chosen
+    with pytest.raises(ValueError, match="no finished"):
+        analysis.choose([diverged])
     with pytest.raises(ValueError, match="tune part only"):
         analysis.choose([*tune, _record("lamb", 0, "report", [5.0])])
     with pytest.raises(ValueError, match="report part"):
         analysis.compare(tune, tune, plateau_loss=6.0, targets=[5.5])
+
+
+def test_a_failed_final_lamb_run_gives_no_target_for_its_seed() -> None:
+    lamb = [{**_record("lamb", 1, "report", [7.0]), "final": None, "error": "killed"}]
+    out = analysis.compare(lamb, [_record("kfac", 1, "report", [6.0, 5.0])], plateau_loss=6.0, targets=[5.5])
+    assert out["pairs"][0]["kfac_steps_to_lamb_final"] is None and out["target_met"] is False
+    assert out["lamb_leaves_plateau_well_before_end"] is False
 
 
 def test_unigram_entropy() -> None:
