@@ -14,6 +14,7 @@ Records: ``<results>/<regime>/tune/*.json``, ``<regime>/chosen.json``, ``<regime
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -64,8 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def regime_of(name: str, args: argparse.Namespace) -> Regime:
-    import dataclasses
-
+    """The named regime, at toy scale with --quick, with --steps/--model-size applied; budgets checked."""
     regime = quick(REGIMES[name]) if args.quick else REGIMES[name]
     if args.steps:
         regime = dataclasses.replace(regime, steps=args.steps, tune_steps=args.steps)
@@ -155,7 +155,7 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
     summary["report_target_entropy"] = analysis.plateau(cache, "report")
     plot_regime(records, plateau=plateau, title=f"{regime.name} batch ({regime.notes}); seeds {seeds}",
                 out=out / "final.png")
-    return {"regime": regime.__dict__, "chosen": {k: chosen[k] for k in ("lamb", "kfac")}, **summary}
+    return {"regime": dataclasses.asdict(regime), "chosen": {k: chosen[k] for k in ("lamb", "kfac")}, **summary}
 
 
 def final(args: argparse.Namespace) -> dict[str, Any]:
