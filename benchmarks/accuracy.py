@@ -27,10 +27,10 @@ from tqdm import tqdm
 
 from benchmarks.common import (
     KAISA_SKIP,
-    MASKED_FRACTION,
     bert_for_pretraining,
     machine,
     machine_line,
+    masked_batch,
     median,
     parser,
     pretraining_loss,
@@ -38,6 +38,7 @@ from benchmarks.common import (
     table,
     write_json,
 )
+from bert_pretrain.data.examples import Specials
 
 VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
 
@@ -49,22 +50,22 @@ def parse_variant(text: str) -> tuple[float, str]:
 
 
 def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int,
-                 seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Consecutive ``seq``-token windows of a real text, 15% of the positions as MLM targets."""
+                 seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Consecutive windows of a real text in the pretraining loader's format (bert_pretrain's masking)."""
     from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
     tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
-    ids = torch.tensor(tok(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"])
-    need = batch * seq * count
-    if ids.numel() < need:
-        raise ValueError(f"{text} has {ids.numel()} tokens; {need} are needed for --windows {count}")
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for w in ids[:need].view(count, batch, seq):
-        chosen = torch.rand(batch, seq, generator=g) < MASKED_FRACTION
-        chosen[:, 1] = True
-        out.append((w, torch.where(chosen, w, torch.full_like(w, -100)), torch.randint(0, 2, (batch,), generator=g)))
-    return out
+    ids = tok(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+    width = seq - 2
+    need = batch * width * count
+    if len(ids) < need:
+        raise ValueError(f"{text} has {len(ids)} tokens; {need} are needed for --windows {count}")
+    ids_of = tok.convert_tokens_to_ids
+    specials = Specials(pad=ids_of("[PAD]"), cls=ids_of("[CLS]"), sep=ids_of("[SEP]"), mask=ids_of("[MASK]"),
+                        vocab_size=len(tok))
+    rows = [ids[i:i + width] for i in range(0, need, width)]
+    return [masked_batch(rows[w * batch:(w + 1) * batch], specials=specials, device="cpu", seed=seed + w)
+            for w in range(count)]
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     watched = {f"{n}.weight" for n in next(iter(preconds.values())).layers}  # the preconditioned weights
     for window, batch in enumerate(tqdm(batches, desc="windows", unit="window")):
         model.zero_grad(set_to_none=True)
-        pretraining_loss(model, *batch).backward()
+        pretraining_loss(model, batch).backward()
         raw = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         for f, precond in preconds.items():
             for n, p in model.named_parameters():  # every preconditioner sees the same raw gradient

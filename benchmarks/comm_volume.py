@@ -14,6 +14,8 @@ factor's size; |∇_l| = out·(in+1) a layer's gradient matrix; the sums run ove
   decomposition broadcast, on decomposition steps:  mean over ranks 4 · Σ_f D_f / W when g > 1, else 0
       D_f = n² + n + 1 (eigenvectors, eigenvalues, validity flag); each factor's decomposing rank sends it once
       to the other g-1 members of its worker group, so a rank receives f·Σ D·(g-1)/g: ∝ (g-1)/g.
+      Plus 8 bytes from every rank (W > 1): the all-reduce of the longest run of failed decompositions, so
+      that every rank stops alike at ``max_decomposition_failures``.
   gradient broadcast, on every step:  mean over ranks 4 · f · Σ_l |∇_l| when g < W, else 0
       each of a layer's g workers sends it to its receiver group of W/g ranks, so a rank receives
       Σ|∇|·(1 - f): ∝ 1 - grad_worker_fraction (0 for COMM-OPT, the most for MEM-OPT).
@@ -106,8 +108,8 @@ class PayloadCounter:
 
 
 def core_counters(kfac: Any) -> dict[str, int]:
-    counts = {**kfac.comm_bytes, **(kfac.structure.comm.bytes_sent if kfac.structure is not None else {})}
-    return {k: int(counts.get(k, 0)) for k in COUNTERS}
+    sent = kfac.structure.comm.bytes_sent if kfac.structure is not None else {}
+    return {k: int(kfac.comm_bytes.get(k, 0)) + int(sent.get(k, 0)) for k in COUNTERS}
 
 
 def _run_strategy(rank: int, world: int, fraction: str, symmetric: bool, size: str) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def _run_strategy(rank: int, world: int, fraction: str, symmetric: bool, size: s
         for step in range(max(STEP_KINDS) + 1):
             before_core, before_seen = core_counters(kfac), dict(counter.sent)
             model.zero_grad(set_to_none=True)
-            pretraining_loss(model, *batch).backward()
+            pretraining_loss(model, batch).backward()
             for p in model.parameters():  # data-parallel gradient averaging (not K-FAC traffic: no stage open)
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
@@ -169,13 +171,17 @@ class Formula:
     per_rank: dict[str, list[float]]
 
 
+FAILURE_CHECK_BYTES = 8  # one int64 all-reduced per decomposition step (kaisa_ds.step.check_failures)
+
+
 def formulas(info: dict[str, Any], *, world: int, symmetric: bool) -> Formula:
     """The formulas of the module docstring for one strategy's measured structure (factor sizes, layers)."""
     facs, layers, g = info["factors"], info["layers"], info["grad_workers"]
     allreduce = 4 * (sum(factor_payload(n, d, symmetric=symmetric) for n, d in facs.values()) + len(facs))
     decomp_total = 4 * sum(decomposition_payload(n, d) for n, d in facs.values()) if g > 1 else 0
     grad_total = 4 * g * sum(size for size, _ in layers.values()) if g < world else 0
-    mean = {"factor_allreduce": float(allreduce), "decomposition_broadcast": decomp_total / world,
+    check = FAILURE_CHECK_BYTES if world > 1 else 0
+    mean = {"factor_allreduce": float(allreduce), "decomposition_broadcast": decomp_total / world + check,
             "gradient_broadcast": grad_total / world}
     per_rank: dict[str, list[float]] = {k: [] for k in COUNTERS}
     for r in range(world):
@@ -183,7 +189,7 @@ def formulas(info: dict[str, Any], *, world: int, symmetric: bool) -> Formula:
         group = r // g
         per_rank["factor_allreduce"].append(float(allreduce))
         per_rank["decomposition_broadcast"].append(
-            4.0 * sum(decomposition_payload(*facs[f]) for f in mine) if g > 1 else 0.0)
+            (4.0 * sum(decomposition_payload(*facs[f]) for f in mine) if g > 1 else 0.0) + check)
         per_rank["gradient_broadcast"].append(
             4.0 * sum(size for size, unit in layers.values() if info["unit_group"][unit] == group) if g < world
             else 0.0)

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import queue as queue_module
+import random
 import statistics
 import tempfile
 import time
@@ -24,14 +25,13 @@ from typing import Any
 
 import torch
 
+from bert_pretrain.data.examples import ExampleSettings, Specials, mask_tokens
+from bert_pretrain.model import SIZES, PretrainingLoss, build_model
+
 RESULTS = Path(__file__).parent / "results"
-# hidden, layers, heads, intermediate
-BERT_SIZES: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096),
-}
+BERT_SIZES = SIZES  # hidden, layers, heads, intermediate: bert_pretrain's, the sizes users train
 # KAISA's BERT recipe: no K-FAC on the embeddings, the pooler or the prediction heads.
 KAISA_SKIP = ("embeddings", "cls", "pooler")
-MASKED_FRACTION = 0.15
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
 
 
@@ -104,49 +104,55 @@ def timed(fn: Callable[[], Any], *, cuda: bool) -> float:
 
 
 def bert_for_pretraining(size: str, *, vocab: int = 30522, seq: int = 128, seed: int = 0) -> torch.nn.Module:
-    """HF ``BertForPreTraining`` of a named size, built from a config (nothing downloaded)."""
+    """HF ``BertForPreTraining`` of a named size (bert_pretrain's ``build_model``; nothing downloaded)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import BertConfig, BertForPreTraining
-
     if size not in BERT_SIZES:
         raise ValueError(f"unknown BERT size {size!r}; allowed: {', '.join(BERT_SIZES)}")
-    hidden, layers, heads, inter = BERT_SIZES[size]
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                        intermediate_size=inter, max_position_embeddings=max(512, seq))
-    return BertForPreTraining(config)
+    return build_model(size, vocab_size=vocab, max_positions=max(512, seq))  # type: ignore[no-any-return]
 
 
-def pretraining_loss(model: Any, ids: torch.Tensor, labels: torch.Tensor, nsp: torch.Tensor) -> torch.Tensor:
-    """MLM + NSP loss; the vocabulary-wide MLM decoder runs only at the masked positions.
+def pretraining_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """bert_pretrain's MLM + NSP loss (the vocabulary-wide decoder only at the masked positions) of ``model``."""
+    return PretrainingLoss(model)(batch)  # type: ignore[no-any-return]
 
-    Gathering the ~15% masked tokens before ``model.cls.predictions`` gives the same loss as applying the
-    decoder everywhere, at a fraction of the cost (see ../shared/notes/bert-on-cpu-facts.md).
-    """
-    out = model.bert(input_ids=ids)
-    masked = labels != -100
-    logits = model.cls.predictions(out.last_hidden_state[masked])
-    mlm = torch.nn.functional.cross_entropy(logits.float(), labels[masked])
-    nsp_logits = model.cls.seq_relationship(out.pooler_output)
-    return mlm + torch.nn.functional.cross_entropy(nsp_logits.float(), nsp)
+
+def masked_batch(rows: list[list[int]], *, specials: Specials, device: torch.device | str,
+                 seed: int = 0) -> dict[str, torch.Tensor]:
+    """Token rows (each ``seq - 2`` ids) as ``[CLS] ... [SEP]`` segments masked by bert_pretrain's ``mask_tokens``
+    (15%, 80/10/10), random NSP labels: a batch in the format the pretraining data loader yields."""
+    rng = random.Random(seed)
+    seq = len(rows[0]) + 2
+    settings = ExampleSettings(max_seq_length=seq, max_predictions=max(1, round(seq * ExampleSettings.masked_lm_prob)))
+    cols: dict[str, list[Any]] = {"input_ids": [], "masked_lm_positions": [], "masked_lm_ids": []}
+    for row in rows:
+        masked, positions, ids = mask_tokens([specials.cls, *row, specials.sep], settings, specials, rng)
+        pad = settings.max_predictions - len(positions)
+        cols["input_ids"].append(masked)
+        cols["masked_lm_positions"].append(positions + [0] * pad)
+        cols["masked_lm_ids"].append(ids + [-100] * pad)
+    out = {k: torch.tensor(v) for k, v in cols.items()}
+    out["token_type_ids"] = torch.zeros(len(rows), seq, dtype=torch.long)
+    out["attention_mask"] = torch.ones(len(rows), seq, dtype=torch.long)
+    out["next_sentence_label"] = torch.tensor([rng.randrange(2) for _ in rows])
+    return {k: v.to(device) for k, v in out.items()}
 
 
 def random_batch(batch: int, seq: int, vocab: int, device: torch.device | str,
-                 *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random token ids, MLM labels at ~15% of the positions (at least one per sequence), NSP labels."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(min(1000, vocab // 2), vocab, (batch, seq), generator=g)
-    chosen = torch.rand(batch, seq, generator=g) < MASKED_FRACTION
-    chosen[:, 1] = True
-    labels = torch.where(chosen, ids, torch.full_like(ids, -100))
-    nsp = torch.randint(0, 2, (batch,), generator=g)
-    return ids.to(device), labels.to(device), nsp.to(device)
+                 *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random token ids in the loader's format (see :func:`masked_batch`)."""
+    rng = random.Random(seed)
+    specials = Specials(pad=0, cls=2, sep=3, mask=4, vocab_size=vocab)  # a trained vocabulary's special ids
+    low = min(1000, vocab // 2)
+    rows = [[rng.randrange(low, vocab) for _ in range(seq - 2)] for _ in range(batch)]
+    return masked_batch(rows, specials=specials, device=device, seed=seed + 1)
 
 
 # Child processes fork from one server that has already imported torch, transformers' BERT and kaisa_ds:
 # each rank then starts in a fraction of a second instead of re-importing for ~5 s. The server never runs
 # tensor code, so no thread pool is forked.
-PRELOAD = ["torch", "transformers.models.bert.modeling_bert", "kaisa_ds.preconditioner", "benchmarks.common"]
+PRELOAD = ["torch", "transformers.models.bert.modeling_bert", "kaisa_ds.preconditioner", "benchmarks.common",
+           "bert_pretrain.model"]
 
 
 def _context() -> Any:

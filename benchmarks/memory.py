@@ -76,7 +76,7 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     def accumulate() -> None:
         model.zero_grad(set_to_none=True)
         for batch in batches:  # the loss is averaged over the passes, as with gradient accumulation
-            (pretraining_loss(model, *batch) / len(batches)).backward()
+            (pretraining_loss(model, batch) / len(batches)).backward()
         if world > 1:
             for p in model.parameters():
                 if p.grad is not None:

@@ -121,7 +121,7 @@ class SideBySide:
     def fwd_bwd(self, model: torch.nn.Module) -> None:
         model.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=self.autocast or torch.float32, enabled=self.autocast is not None):
-            loss = pretraining_loss(model, *self.batch)
+            loss = pretraining_loss(model, self.batch)
         loss.backward()
 
     @torch.no_grad()

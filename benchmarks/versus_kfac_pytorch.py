@@ -103,10 +103,10 @@ def kfac_version() -> str | None:
 
 
 # ------------------------------------------------------------------------------------------------ libraries
-def fwd_bwd(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+def fwd_bwd(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
     """One training forward+backward (fresh gradients, so both libraries precondition the same ones)."""
     model.zero_grad(set_to_none=True)
-    pretraining_loss(model, *batch).backward()
+    pretraining_loss(model, batch).backward()
 
 
 class Runner(Protocol):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bert_pretrain.data.documents import SPLITS
 from bert_pretrain.data.prepare import MAX_UNK_RATE
+from bert_pretrain.eval_sets import named_text
 
 
 def at_least(low: int) -> Callable[[str], int]:
@@ -107,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--data", type=Path, nargs="+",
                       help="raw text files (default: the built-in generated encyclopedia); see --doc-split. "
                            "WikiText's '= Heading =' lines start a new document")
+    data.add_argument("--eval-data", type=named_text, nargs="+", metavar="NAME=FILE",
+                      help="evaluate on these texts instead of the documents held out of --data: each is prepared "
+                           "with the training vocabulary and a fixed seed (the same examples for every run) and "
+                           "logged as heldout_<NAME>_mlm_loss etc.; e.g. tune=parts/tune.txt")
     data.add_argument("--doc-split", choices=SPLITS, default="blocks",
                       help="what a document is: a blank-line-separated block (default) or a whole file")
     data.add_argument("--articles", type=at_least(1), default=200,

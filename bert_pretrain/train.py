@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bert_pretrain import checkpoints, faults
+from bert_pretrain import checkpoints, eval_sets, faults
 from bert_pretrain.checkpoints import CheckpointError
 from bert_pretrain.cli import build_parser
+from bert_pretrain.curves import resumed_elapsed
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.loader import MicroBatches, check_enough_examples, load_split, to_device
 from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase
@@ -171,6 +172,7 @@ def run(args: Namespace) -> dict[str, Any]:
     chosen: checkpoints.Intact | None = plan["resume"]
     folder, pins = on_rank0(lambda: prepare_data(args, cache, chosen))
     train_set, heldout = load_split(folder, "train"), load_split(folder, "heldout")
+    extra_eval = eval_sets.prepare_on_rank0(args, cache, rank)  # --eval-data: evaluated instead of heldout
     tok = load_tokenizer(cache / "vocab.txt", lower_case=not args.cased)
     seq = args.max_seq_length or PHASES[args.phase][0]
     torch.manual_seed(args.seed)
@@ -193,13 +195,19 @@ def run(args: Namespace) -> dict[str, Any]:
     stop = min(max_steps, start + args.stop_after) if args.stop_after else max_steps
     bar = tqdm(total=max_steps, initial=start, desc=f"phase {args.phase}", unit="step", disable=rank != 0)
     t_start, last = time.perf_counter(), {}
+    elapsed = resumed_elapsed(out / "metrics.jsonl", start) if args.resume else 0.0
     for step in range(start + 1, stop + 1):
         faults.inject("step", rank=rank, step=step)
+        t_step = time.perf_counter()
         row = train_step(engine, module, batches, step=step, world=world, gas=gas, global_batch=global_batch)
+        elapsed += time.perf_counter() - t_step
+        row["elapsed_s"] = round(elapsed, 4)  # training time only: evaluation and saving are not counted
         consumed += gas
         if step % args.eval_every == 0 or step == max_steps:
-            row.update(evaluate(module, heldout, device=engine.device, examples=args.eval_examples,
-                                micro_batch=micro, rank=rank, world=world, baseline_token=baseline))
+            for name, data in (extra_eval or {"": heldout}).items():
+                result = evaluate(module, data, device=engine.device, examples=args.eval_examples,
+                                  micro_batch=micro, rank=rank, world=world, baseline_token=baseline)
+                row.update(eval_sets.renamed(result, name) if name else result)
         metrics.write(row, engine=engine)
         last = row
         bar.update()

@@ -177,6 +177,7 @@ def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed:
         device = next(iter(s.layers.values())).helper.weight.device
         flag = torch.tensor([code], dtype=torch.int64, device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        p.comm_bytes["decomposition_broadcast"] = p.comm_bytes.get("decomposition_broadcast", 0) + 8
         code = int(flag.item())
     worst_count, worst_rank = code // p.world, p.world - 1 - code % p.world
     limit = p.config.max_decomposition_failures

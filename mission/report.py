@@ -1,4 +1,5 @@
-"""report.md with a results table and PNG loss curves of both pretraining variants."""
+"""report.md and report.json: a results table, held-out MLM loss against steps and training seconds (PNG), and
+the steps and seconds each variant needed to reach LAMB's final held-out MLM loss."""
 
 from __future__ import annotations
 
@@ -6,15 +7,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bert_pretrain.curves import Curve, first_crossing, heldout_curve, read_rows
+
+BASELINE = "lamb"  # the variant whose final held-out loss is the target
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Rows of a JSONL file (none if absent); a torn last line, from a run killed mid-write, is skipped with a
+    warning."""
+    return read_rows(path)
 
 
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def phase1_curve(root: Path) -> Curve:
+    """Phase 1's held-out MLM loss (the documents held out of the corpus) at each evaluation."""
+    return heldout_curve(read_jsonl(root / "phase1" / "metrics.jsonl"))
 
 
 def plot_losses(runs: dict[str, Path], out: Path) -> None:
@@ -40,32 +50,100 @@ def plot_losses(runs: dict[str, Path], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_heldout(runs: dict[str, Path], out: Path, *, target: float | None) -> None:
+    """Phase 1's held-out MLM loss against optimizer steps and against training seconds, one line per variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, root in runs.items():
+        curve = phase1_curve(root)
+        if curve.values:
+            by_step.plot(curve.steps, curve.values, "o-", ms=3, label=label)
+            by_time.plot(curve.seconds, curve.values, "o-", ms=3, label=label)
+    for ax, xlabel in ((by_step, "optimizer step"), (by_time, "training seconds (evaluation excluded)")):
+        if target is not None:
+            ax.axhline(target, color="grey", ls=":", label="LAMB's final")
+        ax.set(xlabel=xlabel, ylabel="held-out MLM loss", title="phase 1: held-out MLM loss")
+        if ax.lines:
+            ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: float | None) -> dict[str, Any]:
+    """One variant's report.json entry; ``target`` is LAMB's final phase-1 held-out MLM loss."""
+    curve = phase1_curve(root)
+    hit = first_crossing(curve, target) if target is not None and curve.values else None
+    p2 = read_json(root / "phase2" / "summary.json")
+    squad = read_json(root / "squad" / "eval_results.json")
+    train_seconds = [read_jsonl(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
+    return {
+        "pretrain_seconds": stage_seconds.get("phase1", 0.0) + stage_seconds.get("phase2", 0.0) or None,
+        "pretrain_train_seconds": sum(rows[-1].get("elapsed_s", 0.0) for rows in train_seconds if rows) or None,
+        "phase1_steps": read_json(root / "phase1" / "summary.json").get("steps"), "phase2_steps": p2.get("steps"),
+        "final_heldout_mlm": curve.final, "phase2_final_heldout_mlm": p2.get("heldout_mlm_loss"),
+        "steps_to_lamb_final": hit.step if hit else None, "seconds_to_lamb_final": hit.seconds if hit else None,
+        "squad_f1": squad.get("f1"), "squad_em": squad.get("exact_match"),
+        "heldout_curve": {"steps": curve.steps, "seconds": curve.seconds, "values": curve.values},
+    }
+
+
+def _fmt(v: Any, spec: str = ".4f") -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+
+
 def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[str, float]],
                  settings: dict[str, Any]) -> Path:
-    plot = out_dir / "loss_curves.png"
-    plot_losses(runs, plot)
+    """report.md (table, plots, what was measured) and report.json (the same figures per variant)."""
+    roots = {root.name: root for root in runs.values()}
+    target = phase1_curve(roots[BASELINE]).final if BASELINE in roots else None
+    figures = {root.name: variant_figures(root, seconds.get(label, {}), target=target)
+               for label, root in runs.items()}
+    plot_losses(runs, out_dir / "loss_curves.png")
+    plot_heldout(runs, out_dir / "heldout_curves.png", target=target)
     lines = ["# kaisa_ds main job: LAMB vs. LAMB + K-FAC", "",
              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
              "| run | phase-1 steps | phase-2 steps | pretrain wall s | final phase-1 loss | final phase-2 loss "
-             "| held-out MLM acc | SQuAD EM | SQuAD F1 | F1 before fine-tuning |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| held-out MLM acc | SQuAD EM | SQuAD F1 | F1 before fine-tuning | phase-1 held-out MLM "
+             "| steps to LAMB's final | training s to LAMB's final |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, root in runs.items():
         p1, p2 = read_json(root / "phase1" / "summary.json"), read_json(root / "phase2" / "summary.json")
         squad = read_json(root / "squad" / "eval_results.json")
         before = next((r for r in read_jsonl(root / "squad" / "metrics.jsonl")
                        if r.get("event") == "eval" and r.get("step") == 0), {})
-        wall = seconds[label].get("phase1", 0.0) + seconds[label].get("phase2", 0.0)
-
-        def fmt(v: Any, spec: str = ".4f") -> str:
-            return format(v, spec) if isinstance(v, (int, float)) else "n/a"
-
+        wall = seconds.get(label, {}).get("phase1", 0.0) + seconds.get(label, {}).get("phase2", 0.0)
+        f = figures[root.name]
         lines.append(f"| {label} | {p1.get('steps', 'n/a')} | {p2.get('steps', 'n/a')} | {wall:.0f} | "
-                     f"{fmt(p1.get('final_train_loss'))} | {fmt(p2.get('final_train_loss'))} | "
-                     f"{fmt(p2.get('heldout_mlm_accuracy'))} | {fmt(squad.get('exact_match'), '.2f')} | "
-                     f"{fmt(squad.get('f1'), '.2f')} | {fmt(before.get('f1'), '.2f')} |")
-    lines += ["", "![loss curves](loss_curves.png)", "", "Wall seconds per stage:", ""]
+                     f"{_fmt(p1.get('final_train_loss'))} | {_fmt(p2.get('final_train_loss'))} | "
+                     f"{_fmt(p2.get('heldout_mlm_accuracy'))} | {_fmt(squad.get('exact_match'), '.2f')} | "
+                     f"{_fmt(squad.get('f1'), '.2f')} | {_fmt(before.get('f1'), '.2f')} | "
+                     f"{_fmt(f['final_heldout_mlm'])} | {_fmt(f['steps_to_lamb_final'], '.1f')} | "
+                     f"{_fmt(f['seconds_to_lamb_final'], '.1f')} |")
+    lines += ["", "![held-out MLM loss](heldout_curves.png)", "", "![loss curves](loss_curves.png)", "",
+              "What was measured, at what scale: " + measured(settings), "", "Wall seconds per stage:", ""]
     for label, stages in seconds.items():
         lines.append(f"- {label}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
+    (out_dir / "report.json").write_text(json.dumps(
+        {"settings": settings, "target": {"variant": BASELINE, "final_heldout_mlm": target}, "variants": figures},
+        indent=1) + "\n")
     return report
+
+
+def measured(settings: dict[str, Any]) -> str:
+    """The plain-words scale statement of the report."""
+    return (f"BERT-{settings.get('model', '?')} pretrained for {settings.get('phase1_steps', '?')} phase-1 steps "
+            f"(128 tokens) and {settings.get('phase2_steps', '?')} phase-2 steps (512 tokens) on "
+            f"{settings.get('ranks', '?')} ranks, on the built-in generated corpus unless --data was given, then "
+            "fine-tuned on SQuAD-style questions. 'Held-out MLM' is the masked-LM loss on the corpus documents held "
+            "out of training (phase 1), evaluated every few steps; 'training s' are the summed optimizer-step "
+            "seconds (evaluation and checkpointing excluded), interpolated between evaluations where a curve crosses "
+            "LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases (start-up, evaluation "
+            "and saving included). One seed, toy scale: a smoke test of the pipeline, not evidence about K-FAC "
+            "at BERT-Large scale.")

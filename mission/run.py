@@ -3,7 +3,8 @@
 1. generate the built-in corpus and its SQuAD-style questions (or take --data / --squad-train / --squad-eval);
 2. pretrain a BERT twice, phase 1 (seq 128) then phase 2 (seq 512): LAMB, and LAMB + K-FAC, same seed and data;
 3. fine-tune both on SQuAD and score F1/EM;
-4. write report.md with a table and PNG loss curves.
+4. write report.md (and report.json) with a table, held-out MLM loss against steps and training seconds (PNG),
+   and the steps and seconds each variant needed to reach LAMB's final held-out MLM loss.
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--squad-epochs", type=int, default=4, help="SQuAD fine-tuning epochs")
     p.add_argument("--config-prefix", default="ds_configs/bert_tiny",
                    help="pretraining configs: <prefix>_phase{1,2}[_kfac].json")
+    p.add_argument("--lamb-phase1-config", type=Path,
+                   help="phase-1 config of the LAMB variant (default: <prefix>_phase1.json); e.g. tuned settings "
+                        "from benchmarks/results/convergence/<regime>/chosen_lamb_ds_config.json")
+    p.add_argument("--kfac-phase1-config", type=Path,
+                   help="phase-1 config of the K-FAC variant, its kfac section included (default: "
+                        "<prefix>_phase1_kfac.json); e.g. benchmarks/results/convergence/<regime>/"
+                        "chosen_kfac_ds_config.json")
+    p.add_argument("--eval-every", type=int, default=20,
+                   help="pretraining steps between held-out evaluations (the points of the held-out curves)")
     p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
     p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
     p.add_argument("--articles", type=int, default=None, help="articles of the built-in corpus")
@@ -85,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             bar.set_postfix_str(f"{label}: pretraining phase {phase}")
             extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
-            phase_args = ["--phase", str(phase), "--config", f"{args.config_prefix}_phase{phase}{suffix}.json",
-                          "--output", str(root / f"phase{phase}"), "--max-steps", str(steps), *common, *extra]
+            config = f"{args.config_prefix}_phase{phase}{suffix}.json"
+            if phase == 1:
+                config = str((args.kfac_phase1_config if suffix else args.lamb_phase1_config) or config)
+            phase_args = ["--phase", str(phase), "--config", config, "--output", str(root / f"phase{phase}"),
+                          "--max-steps", str(steps), "--eval-every", str(args.eval_every), *common, *extra]
             upstream = record.token(f"{root.name}/phase1") if phase == 2 else data_digest
             seconds[label][f"phase{phase}"] = record.run(
                 f"{root.name}/phase{phase}", "bert_pretrain", phase_args,
@@ -103,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
         bar.update()
     bar.close()
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,
-                                               "phase2_steps": args.phase2_steps, "ranks": args.ranks})
-    print(f"main job done: report at {report} (plots: {out / 'loss_curves.png'}; logs: {out}/*/*.log)")
+                                               "phase2_steps": args.phase2_steps, "ranks": args.ranks,
+                                               "eval_every": args.eval_every,
+                                               "kfac_phase1_config": str(args.kfac_phase1_config or
+                                                                         f"{args.config_prefix}_phase1_kfac.json")})
+    print(f"main job done: report at {report} and {out / 'report.json'} (plots: {out / 'heldout_curves.png'}, "
+          f"{out / 'loss_curves.png'}; logs: {out}/*/*.log)")
     return 0

@@ -1,33 +1,162 @@
-"""convergence: a few steps of both optimizers on the real WikiText-2 text write curves, a summary and a plot."""
+"""convergence: disjoint data parts, equal tuning budgets, the figures' arithmetic, and the --quick protocol end to
+end through bert_pretrain (tuning reads only the tune part, reported figures only the report part)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.convergence import DEFAULT_TEXT, DEFAULT_VOCAB, first_reaching, main
+from benchmarks.convergence import analysis
+from benchmarks.convergence.cli import DEFAULT_TEXT, DEFAULT_VOCAB, main
+from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
+from benchmarks.convergence.regimes import REGIMES
+from bert_pretrain.curves import read_rows
+
+REAL_DATA = pytest.mark.skipif(not (DEFAULT_TEXT.is_file() and DEFAULT_VOCAB.is_file()),
+                               reason=f"real data absent: {DEFAULT_TEXT} and {DEFAULT_VOCAB}")
 
 
-@pytest.mark.skipif(not (DEFAULT_TEXT.is_file() and DEFAULT_VOCAB.is_file()),
-                    reason=f"real data absent: {DEFAULT_TEXT} and {DEFAULT_VOCAB}")
-def test_tiny_run_records_sweep_curves_and_plot(tmp_path: Path) -> None:
-    out = tmp_path / "convergence.json"
-    main(["--model-size", "small", "--seq", "32", "--batch", "4", "--steps", "6", "--sweep-steps", "2",
-          "--lr-grid", "0.01", "0.02", "--damping-grid", "0.01", "--kfac-lr-scales", "1", "--eval-every", "3",
-          "--out", str(out)])
-    data = json.loads(out.read_text())
-    assert [s["kind"] for s in data["sweep"]] == ["lamb_lr", "lamb_lr", "kfac_damping"]
-    assert data["chosen"]["lr"] in (0.01, 0.02) and data["chosen"]["damping"] == 0.01
-    for run in ("lamb", "kfac"):
-        assert [p["step"] for p in data[run]["curve"]] == [3, 6]
-        assert all(p["heldout_mlm"] > 0 and p["seconds"] > 0 for p in data[run]["curve"])
-    assert data["summary"]["lamb_final_heldout_mlm"] == data["lamb"]["curve"][-1]["heldout_mlm"]
-    assert out.with_suffix(".png").stat().st_size > 10_000
+def _check_disjoint_cover(parts: Any, n: int) -> None:
+    sets = [set(parts.units[p]) for p in PARTS]
+    assert sum(len(s) for s in sets) == n and set().union(*sets) == set(range(n))
+    assert all(len(s) >= 3 for s in sets)
 
 
-def test_first_reaching_picks_the_first_point_at_or_below_the_target() -> None:
-    curve = [{"step": 1, "heldout_mlm": 5.0}, {"step": 2, "heldout_mlm": 3.9}, {"step": 3, "heldout_mlm": 3.5}]
-    assert first_reaching(curve, 4.0) == curve[1]
-    assert first_reaching(curve, 3.0) is None
+@REAL_DATA
+def test_wikitext_splits_by_article_into_three_disjoint_parts(tmp_path: Path) -> None:
+    parts = write_parts(DEFAULT_TEXT, tmp_path / "a")
+    chunks = units(DEFAULT_TEXT.read_text(encoding="utf-8"))
+    _check_disjoint_cover(parts, len(chunks))
+    titles = {p: {ln for ln in parts.path(p).read_text().splitlines() if ln.count("=") == 2 and "<unk>" not in ln}
+              for p in PARTS}  # titles with <unk> repeat across articles
+    assert all(titles[p] for p in PARTS)  # every part holds whole articles, titles included
+    assert not (titles["train"] & titles["tune"] or titles["train"] & titles["report"] or
+                titles["tune"] & titles["report"])
+    again = write_parts(DEFAULT_TEXT, tmp_path / "b")
+    assert again.units == parts.units and all(
+        parts.path(p).read_bytes() == again.path(p).read_bytes() for p in PARTS)  # deterministic
+
+
+def test_plain_text_splits_by_block_and_refuses_too_little(tmp_path: Path) -> None:
+    text = tmp_path / "t.txt"
+    text.write_text("\n\n".join(f"Block {i} has a sentence. And another one." for i in range(20)) + "\n")
+    parts = write_parts(text, tmp_path / "parts", seed=3)
+    _check_disjoint_cover(parts, 20)
+    blocks = {p: set(parts.path(p).read_text().strip().split("\n\n")) for p in PARTS}
+    assert sum(len(b) for b in blocks.values()) == 20 and len(set().union(*blocks.values())) == 20
+    text.write_text("one\n\ntwo\n\nthree\n")
+    with pytest.raises(SplitError, match="at least 9"):
+        write_parts(text, tmp_path / "few")
+
+
+def test_regimes_have_equal_tuning_budgets_and_the_asked_batches() -> None:
+    for regime in REGIMES.values():
+        regime.check_budget()
+        assert len(regime.lamb_lrs) >= 3 and len(regime.warmups) >= 2
+        assert min(len(regime.dampings), len(regime.kfac_lr_scales), len(regime.intervals)) >= 2
+    assert REGIMES["small"].global_batch == 32 and REGIMES["large"].global_batch >= 256
+    assert REGIMES["large"].gas > 1  # the large batch comes from gradient accumulation
+
+
+def _record(opt: str, seed: int, part: str, values: list[float], *, seconds_per_step: float = 1.0) -> dict[str, Any]:
+    steps = [10.0 * (i + 1) for i in range(len(values))]
+    return {"spec": {"optimizer": opt, "seed": seed, "eval_part": part, "steps": int(steps[-1])},
+            "curve": {"steps": steps, "seconds": [s * seconds_per_step for s in steps], "values": values},
+            "final": values[-1], "train_seconds": steps[-1] * seconds_per_step}
+
+
+def test_compare_pairs_seeds_interpolates_and_reports_never_reached() -> None:
+    lamb = [_record("lamb", 1, "report", [7.0, 6.0, 5.0, 4.0]), _record("lamb", 2, "report", [7.0, 6.5, 6.0, 5.0])]
+    kfac = [_record("kfac", 1, "report", [6.0, 5.0, 4.5, 3.0], seconds_per_step=1.5),
+            _record("kfac", 2, "report", [7.0, 6.8, 6.6, 6.4], seconds_per_step=1.5)]
+    out = analysis.compare(lamb, kfac, plateau_loss=6.0, targets=[5.5, 5.0])
+    seed1, seed2 = out["pairs"]
+    assert seed1["kfac_steps_to_lamb_final"] == pytest.approx(100 / 3)  # 4.5 → 3.0 crosses 4.0 a third of the way
+    assert seed1["kfac_seconds_to_lamb_final"] == pytest.approx(50.0) and seed1["time_ratio"] == pytest.approx(1.25)
+    assert seed2["kfac_steps_to_lamb_final"] is None and seed2["time_ratio"] is None
+    assert out["kfac_to_lamb_final"]["time_ratio"]["missing"] == 1 and out["target_met"] is False
+    lamb_runs = {r["seed"]: r for r in out["runs"]["lamb"]}
+    assert lamb_runs[1]["plateau_exit_step"] == pytest.approx(25.0)  # 5.5 = plateau − 0.5, halfway from 20 to 30
+    assert lamb_runs[2]["plateau_exit_step"] == pytest.approx(35.0)
+    assert out["lamb_leaves_plateau_well_before_end"] is False  # 35 > 2/3 of 40
+    assert out["per_optimizer"]["kfac"]["final"]["mean"] == pytest.approx(4.7)
+
+
+def test_choice_reads_the_tune_part_and_figures_the_report_part() -> None:
+    tune = [_record("lamb", 0, "tune", [7.0, 6.0]), _record("lamb", 0, "tune", [7.0, 5.5])]
+    assert analysis.choose(tune) is tune[1]
+    diverged = {**_record("lamb", 0, "tune", [7.0]), "final": None, "error": "non-finite loss"}
+    assert analysis.choose([diverged, *tune]) is tune[1]  # a failed run has no final loss and is never chosen
+    with pytest.raises(ValueError, match="no finished"):
+        analysis.choose([diverged])
+    with pytest.raises(ValueError, match="tune part only"):
+        analysis.choose([*tune, _record("lamb", 0, "report", [5.0])])
+    with pytest.raises(ValueError, match="report part"):
+        analysis.compare(tune, tune, plateau_loss=6.0, targets=[5.5])
+
+
+def test_a_failed_final_lamb_run_gives_no_target_for_its_seed() -> None:
+    lamb = [{**_record("lamb", 1, "report", [7.0]), "final": None, "error": "killed"}]
+    out = analysis.compare(lamb, [_record("kfac", 1, "report", [6.0, 5.0])], plateau_loss=6.0, targets=[5.5])
+    assert out["pairs"][0]["kfac_steps_to_lamb_final"] is None and out["target_met"] is False
+    assert out["lamb_leaves_plateau_well_before_end"] is False
+
+
+def test_unigram_entropy() -> None:
+    assert analysis.unigram_entropy([1, 1, 1]) == 0.0
+    assert analysis.unigram_entropy([1, 2, 3, 4]) == pytest.approx(1.3862943611198906)
+
+
+def _common(tmp_path: Path) -> list[str]:
+    return ["--quick", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "results")]
+
+
+@REAL_DATA
+def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> None:
+    """tune --quick (small regime): a 1-run LAMB grid and a 1-run K-FAC grid, 2 bert_pretrain launches."""
+    chosen = main(["tune", "--regime", "small", *_common(tmp_path)])
+    tune_records = sorted((tmp_path / "results" / "small" / "tune").glob("*.json"))
+    assert [r.name.split("_")[0] for r in tune_records] == ["kfac", "lamb"]
+    parts = tmp_path / "work" / "parts"
+    for path in tune_records:
+        record = json.loads(path.read_text())
+        command = record["command"]
+        assert command[command.index("--eval-data") + 1] == f"tune={parts / 'tune.txt'}"
+        assert command[command.index("--data") + 1] == str(parts / "train.txt")
+        assert "report" not in " ".join(command)
+        assert record["spec"]["eval_part"] == "tune" and record["curve"]["values"]
+    assert chosen["lamb"]["lr"] == REGIMES["small"].lamb_lrs[0]
+    assert chosen["kfac"]["damping"] == REGIMES["small"].dampings[0]
+    assert {r["optimizer"] for r in chosen["runs"]} == {"lamb", "kfac"}
+    assert chosen["budget"]["lamb"] == chosen["budget"]["kfac"]
+    kfac_config = json.loads((tmp_path / "results" / "small" / "chosen_kfac_ds_config.json").read_text())
+    assert kfac_config["kfac"]["damping"] == chosen["kfac"]["damping"] and "lr" not in kfac_config["kfac"]
+
+
+@REAL_DATA
+def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> None:
+    """final --quick (small regime, seed 1) from a recorded choice: 2 bert_pretrain launches."""
+    chosen = {"lamb": {"lr": 0.01, "warmup": 0.1},
+              "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1, "inv_every": 2}}
+    (tmp_path / "results" / "small").mkdir(parents=True)
+    (tmp_path / "results" / "small" / "chosen.json").write_text(json.dumps(chosen))
+    result = main(["final", "--regimes", "small", *_common(tmp_path)])
+    small = result["regimes"]["small"]
+    parts = tmp_path / "work" / "parts"
+    for opt in ("lamb", "kfac"):
+        record = json.loads((tmp_path / "results" / "small" / "final" / f"{opt}_seed1.json").read_text())
+        command = record["command"]
+        assert command[command.index("--eval-data") + 1] == f"report={parts / 'report.txt'}"
+        assert record["spec"]["lr"] == chosen[opt]["lr"] and record["spec"]["seed"] == 1
+        rows = read_rows(tmp_path / "work" / "small" / "report" / f"{opt}_seed1" / "run" / "metrics.jsonl")
+        reported = [r["heldout_report_mlm_loss"] for r in rows if "heldout_report_mlm_loss" in r]
+        assert record["curve"]["values"] == reported and len(reported) == 2  # steps 2 and 4
+        assert not any("heldout_tune_mlm_loss" in r or "heldout_mlm_loss" in r for r in rows)
+        assert all(r["elapsed_s"] > 0 for r in rows)
+        assert small["per_optimizer"][opt]["final"]["mean"] == pytest.approx(reported[-1])
+    assert small["plateau"] > 0 and small["report_target_entropy"] > 0
+    assert (tmp_path / "results" / "small" / "final.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "results" / "final.json").read_text())["regimes"]["small"]["pairs"]

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
 import pytest
 
-from mission.report import write_report
+from mission.report import read_jsonl, write_report
 from mission.run import parse_args
 
 
-def _fake_run(root: Path, *, loss: float, f1: float, before: float) -> None:
+def _fake_run(root: Path, *, loss: float, f1: float, before: float,
+              heldout: list[float] | None = None, seconds_per_step: float = 2.0) -> None:
+    """A finished variant's folders; phase 1 evaluates its held-out MLM loss every 2 of its 4 steps."""
     for phase, steps in (("phase1", 4), ("phase2", 2)):
         (root / phase).mkdir(parents=True)
-        rows = [{"step": s, "loss": loss + (steps - s)} for s in range(1, steps + 1)]
+        rows = [{"step": s, "loss": loss + (steps - s), "elapsed_s": seconds_per_step * s} for s in range(1, steps + 1)]
+        if phase == "phase1":
+            for row, value in zip(rows[1::2], heldout or [loss + 1, loss]):
+                row["heldout_mlm_loss"] = value
         (root / phase / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (root / phase / "summary.json").write_text(json.dumps(
-            {"steps": steps, "final_train_loss": loss, "heldout_mlm_accuracy": 0.25}))
+            {"steps": steps, "final_train_loss": loss, "heldout_mlm_accuracy": 0.25, "heldout_mlm_loss": loss}))
     (root / "squad").mkdir()
     (root / "squad" / "eval_results.json").write_text(json.dumps({"exact_match": f1 - 10, "f1": f1}))
     (root / "squad" / "metrics.jsonl").write_text(json.dumps({"event": "eval", "step": 0, "f1": before}) + "\n")
@@ -33,15 +39,58 @@ def test_report_has_one_row_per_variant_with_its_own_figures(tmp_path: Path) -> 
     report = write_report(tmp_path, runs, seconds, {"model": "tiny"})
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in report.read_text().splitlines() if line.startswith("| LAMB")}
-    assert rows["LAMB"] == ["4", "2", "90", "3.5000", "3.5000", "0.2500", "30.00", "40.00", "7.00"]
-    assert rows["LAMB + K-FAC"] == ["4", "2", "105", "3.2500", "3.2500", "0.2500", "45.50", "55.50", "6.50"]
+    assert rows["LAMB"] == ["4", "2", "90", "3.5000", "3.5000", "0.2500", "30.00", "40.00", "7.00", "3.5000", "4.0",
+                            "8.0"]
+    # K-FAC's held-out curve: 4.25 at step 2, 3.25 at step 4: LAMB's final 3.5 is crossed 3/4 of the way
+    assert rows["LAMB + K-FAC"] == ["4", "2", "105", "3.2500", "3.2500", "0.2500", "45.50", "55.50", "6.50",
+                                    "3.2500", "3.5", "7.0"]
     assert (tmp_path / "loss_curves.png").stat().st_size > 10_000
+    assert (tmp_path / "heldout_curves.png").stat().st_size > 10_000
 
 
 def test_missing_stage_outputs_show_as_not_available(tmp_path: Path) -> None:
     report = write_report(tmp_path, {"LAMB": tmp_path / "absent"}, {"LAMB": {}}, {})
     row = next(line for line in report.read_text().splitlines() if line.startswith("| LAMB"))
-    assert row.count("n/a") == 8
+    assert row.count("n/a") == 11
+
+
+def _report_json(tmp_path: Path, *, kfac_heldout: list[float]) -> dict:
+    runs = {"LAMB": tmp_path / "lamb", "LAMB + K-FAC": tmp_path / "kfac"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0, heldout=[5.0, 3.5])
+    _fake_run(runs["LAMB + K-FAC"], loss=3.25, f1=55.5, before=6.5, heldout=kfac_heldout, seconds_per_step=3.0)
+    seconds = {"LAMB": {"phase1": 60.0, "phase2": 30.0}, "LAMB + K-FAC": {"phase1": 70.0, "phase2": 35.0}}
+    write_report(tmp_path, runs, seconds, {"model": "tiny"})
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_report_json_interpolates_the_crossing_of_lambs_final_loss(tmp_path: Path) -> None:
+    data = _report_json(tmp_path, kfac_heldout=[4.0, 3.0])
+    assert set(data["variants"]) == {"lamb", "kfac"}
+    lamb, kfac = data["variants"]["lamb"], data["variants"]["kfac"]
+    assert data["target"]["final_heldout_mlm"] == 3.5 and lamb["final_heldout_mlm"] == 3.5
+    assert lamb["steps_to_lamb_final"] == 4 and lamb["seconds_to_lamb_final"] == 8.0
+    # 4.0 at step 2 (6 s), 3.0 at step 4 (12 s): 3.5 is halfway
+    assert kfac["steps_to_lamb_final"] == pytest.approx(3.0) and kfac["seconds_to_lamb_final"] == pytest.approx(9.0)
+    assert kfac["pretrain_seconds"] == 105.0 and kfac["squad_f1"] == 55.5 and kfac["final_heldout_mlm"] == 3.0
+    assert kfac["pretrain_train_seconds"] == pytest.approx(12.0 + 6.0)  # phase-1 and phase-2 elapsed_s
+
+
+def test_report_json_has_null_when_lambs_final_is_never_reached(tmp_path: Path) -> None:
+    kfac = _report_json(tmp_path, kfac_heldout=[4.0, 3.6])["variants"]["kfac"]
+    assert kfac["steps_to_lamb_final"] is None and kfac["seconds_to_lamb_final"] is None
+    assert "| LAMB + K-FAC |" in (tmp_path / "report.md").read_text()
+
+
+def test_report_tolerates_a_torn_last_metrics_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    runs = {"LAMB": tmp_path / "lamb"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0)
+    metrics = runs["LAMB"] / "phase1" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 5, "loss": 3.')  # killed mid-write
+    with caplog.at_level(logging.WARNING):
+        assert [r["step"] for r in read_jsonl(metrics)] == [1, 2, 3, 4]
+        write_report(tmp_path, runs, {"LAMB": {}}, {})
+    assert "torn last line" in caplog.text
+    assert json.loads((tmp_path / "report.json").read_text())["variants"]["lamb"]["final_heldout_mlm"] == 3.5
 
 
 def test_defaults_fit_the_cpu_budget_and_flags_parse() -> None:
@@ -59,6 +108,8 @@ def test_main_job_end_to_end_short(tmp_path: Path) -> None:
     assert main(["--output", str(tmp_path), "--phase1-steps", "6", "--phase2-steps", "2", "--squad-epochs", "1",
                  "--articles", "120"]) == 0
     text = (tmp_path / "report.md").read_text()
-    assert text.count("| LAMB") == 2 and "n/a" not in text, text
-    assert (tmp_path / "loss_curves.png").is_file()
+    assert text.count("| LAMB") == 2 and "n/a" not in text.split("| LAMB + K-FAC")[0], text  # LAMB reaches its own
+    assert (tmp_path / "loss_curves.png").is_file() and (tmp_path / "heldout_curves.png").is_file()
+    variants = json.loads((tmp_path / "report.json").read_text())["variants"]
+    assert variants["lamb"]["steps_to_lamb_final"] is not None and variants["kfac"]["squad_f1"] is not None
     print(text, file=sys.stderr)

@@ -1,0 +1,193 @@
+"""Command line: ``tune`` a regime on the tune part, then ``final``: chosen settings, 3 seeds, the report part.
+
+    python -m benchmarks.convergence tune --regime small     # LAMB grid, then K-FAC grid; records every run
+    python -m benchmarks.convergence tune --regime large
+    python -m benchmarks.convergence final                   # both regimes, 3 seeds each, reads the tuning choices
+    python -m benchmarks.convergence final --quick           # toy scale, as the smoke test runs it
+
+Every run is ``bert_pretrain`` under the deepspeed launcher on 2 CPU ranks (the code users run), trained on the
+training part of ``--text``. Tuning runs are evaluated on the tune part only; final runs on the report part only.
+Records: ``<results>/<regime>/tune/*.json``, ``<regime>/chosen.json``, ``<regime>/final/*.json``,
+``<results>/final.json`` and ``<regime>/final.png``. Recorded runs are reused, so an interrupted command continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmarks.common import machine, machine_line, table, write_json
+from benchmarks.convergence import analysis
+from benchmarks.convergence.parts import Parts, write_parts
+from benchmarks.convergence.plots import plot_regime
+from benchmarks.convergence.regimes import REGIMES, Regime, ds_config, quick
+from benchmarks.convergence.runner import RunSpec, run
+
+logger = logging.getLogger("benchmarks.convergence")
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO.parent / "shared" / "data"
+DEFAULT_TEXT = DATA / "wikitext-2" / "valid.txt"
+DEFAULT_VOCAB = DATA / "bert-vocab" / "vocab.txt"
+TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
+FINAL_SEEDS = (1, 2, 3)
+QUICK_UNITS = 12
+TARGETS_BELOW_PLATEAU = (analysis.PLATEAU_MARGIN, 1.0)  # nats below the plateau: the two fixed targets
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, helptext in (("tune", "tune one regime's LAMB and K-FAC settings on the tune part"),
+                           ("final", "chosen settings × seeds on the report part; figures, plots, final.json")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="any text file (default: %(default)s)")
+        c.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help="BERT vocab.txt (default: %(default)s)")
+        c.add_argument("--work", type=Path, default=REPO / "runs" / "convergence",
+                       help="run folders, prepared data, the three parts (default: %(default)s)")
+        c.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "convergence",
+                       help="JSON records and plots (default: %(default)s)")
+        c.add_argument("--quick", action="store_true", help="toy scale (tiny model, 4 steps, 1-run grids)")
+        c.add_argument("--steps", type=int, help="override the regime's steps (tuning and final alike)")
+        c.add_argument("--model-size", choices=["tiny", "mini", "base"],
+                       help="override the regimes' model (default: tiny; see regimes.py for why)")
+    sub.choices["tune"].add_argument("--regime", choices=sorted(REGIMES), required=True)
+    final = sub.choices["final"]
+    final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
+    final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
+    return p
+
+
+def regime_of(name: str, args: argparse.Namespace) -> Regime:
+    """The named regime, at toy scale with --quick, with --steps/--model-size applied; budgets checked."""
+    regime = quick(REGIMES[name]) if args.quick else REGIMES[name]
+    if args.steps:
+        regime = dataclasses.replace(regime, steps=args.steps, tune_steps=args.steps)
+    if args.model_size:
+        regime = dataclasses.replace(regime, model_size=args.model_size,
+                                     notes=regime.notes.replace("BERT-tiny", f"BERT-{args.model_size}"))
+    regime.check_budget()
+    return regime
+
+
+def parts_of(args: argparse.Namespace) -> Parts:
+    """The three parts of ``--text`` (of its first 12 units at the quick scale)."""
+    return write_parts(args.text, args.work / "parts", max_units=QUICK_UNITS if args.quick else None)
+
+
+def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
+    """The kfac-section keys a K-FAC run sets (the rest come from ds_configs/bert_tiny_phase1_kfac.json)."""
+    return {"damping": settings["damping"], "factor_update_steps": settings["factor_every"],
+            "inv_update_steps": settings["inv_every"]}
+
+
+def tune(args: argparse.Namespace) -> dict[str, Any]:
+    regime = regime_of(args.regime, args)
+    parts = parts_of(args)
+    out = args.results / regime.name
+    info = machine()
+
+    def sweep(grid: list[dict[str, Any]], optimizer: str) -> list[dict[str, Any]]:
+        records = []
+        for s in tqdm(grid, desc=f"tune {regime.name} {optimizer}", unit="run"):
+            name = optimizer + "".join(f"_{k}{v:g}" for k, v in s.items() if k != "lr_scale")
+            spec = RunSpec(name=name, regime=regime.name, optimizer=optimizer, lr=s["lr"], warmup=s["warmup"],
+                           steps=regime.tune_steps, seed=TUNE_SEED, eval_part="tune",
+                           kfac=kfac_keys(s) if optimizer == "kfac" else None)
+            record = run(spec, regime, parts, vocab=args.vocab, work=args.work, record=out / "tune" / f"{name}.json",
+                         machine=info)
+            records.append({**record, "settings": s})
+        return records
+
+    lamb = sweep(regime.lamb_grid(), "lamb")
+    best_lamb = analysis.choose(lamb)
+    kfac = sweep(regime.kfac_grid(lamb_lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"]), "kfac")
+    best_kfac = analysis.choose(kfac)
+    cache = Path(lamb[0]["eval_cache"])
+    chosen = {"regime": regime.name, "lamb": best_lamb["settings"], "kfac": best_kfac["settings"],
+              "criterion": "lowest final held-out MLM loss on the tune part, tuning seed 0",
+              "tune_plateau": analysis.plateau(cache, "tune"),
+              "tune_frequency_model_loss": analysis.frequency_model_loss(cache, "tune",
+                                                                         examples=regime.eval_examples),
+              "budget": {o: {"runs": len(r), "steps_per_run": regime.tune_steps} for o, r in
+                         (("lamb", lamb), ("kfac", kfac))},
+              "runs": [{"optimizer": r["spec"]["optimizer"], **r["settings"], "final_tune_mlm": r["final"],
+                        "train_seconds": r["train_seconds"]} for r in lamb + kfac],
+              "machine": info, "parts": str(parts.folder / "parts.json")}
+    write_json(chosen, out / "chosen.json")
+    write_json(ds_config(regime, lr=best_kfac["settings"]["lr"], warmup=best_kfac["settings"]["warmup"],
+                         steps=regime.steps, kfac=kfac_keys(best_kfac["settings"])), out / "chosen_kfac_ds_config.json")
+    write_json(ds_config(regime, lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"],
+                         steps=regime.steps, kfac=None), out / "chosen_lamb_ds_config.json")
+    print(table(chosen["runs"], ["optimizer", "lr", "warmup", "damping", "factor_every", "inv_every",
+                                 "final_tune_mlm", "train_seconds"]))
+    print(f"chosen: LAMB {chosen['lamb']}, K-FAC {chosen['kfac']} → {out / 'chosen.json'}")
+    return chosen
+
+
+def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: list[int],
+                 info: dict[str, Any]) -> dict[str, Any]:
+    out = args.results / regime.name
+    chosen_path = out / "chosen.json"
+    if not chosen_path.is_file():
+        raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
+                         f"{regime.name}{' --quick' if args.quick else ''}` first")
+    chosen = json.loads(chosen_path.read_text())
+    records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
+    jobs = [(seed, opt) for seed in seeds for opt in ("lamb", "kfac")]
+    for seed, opt in tqdm(jobs, desc=f"final {regime.name}", unit="run"):
+        s = chosen[opt]
+        spec = RunSpec(name=f"{opt}_seed{seed}", regime=regime.name, optimizer=opt, lr=s["lr"], warmup=s["warmup"],
+                       steps=regime.steps, seed=seed, eval_part="report",
+                       kfac=kfac_keys(s) if opt == "kfac" else None)
+        records[opt].append(run(spec, regime, parts, vocab=args.vocab, work=args.work,
+                                record=out / "final" / f"{spec.name}.json", machine=info))
+    cache = Path(records["lamb"][0]["eval_cache"])
+    plateau = analysis.frequency_model_loss(cache, "report", examples=regime.eval_examples)
+    targets = [plateau - d for d in TARGETS_BELOW_PLATEAU]
+    summary = analysis.compare(records["lamb"], records["kfac"], plateau_loss=plateau, targets=targets)
+    summary["report_target_entropy"] = analysis.plateau(cache, "report")
+    plot_regime(records, plateau=plateau, title=f"{regime.name} batch ({regime.notes}); seeds {seeds}",
+                out=out / "final.png")
+    return {"regime": dataclasses.asdict(regime), "chosen": {k: chosen[k] for k in ("lamb", "kfac")}, **summary}
+
+
+def final(args: argparse.Namespace) -> dict[str, Any]:
+    parts = parts_of(args)
+    seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
+    info = machine()
+    result: dict[str, Any] = {"command": "python -m benchmarks.convergence final " + " ".join(
+        (["--quick"] if args.quick else []) + ["--regimes", *args.regimes, "--seeds", *map(str, seeds)]),
+        "machine": info, "machine_line": machine_line(info), "parts": str(parts.folder / "parts.json"),
+        "regimes": {}}
+    for name in args.regimes:
+        result["regimes"][name] = final_regime(regime_of(name, args), parts, args, seeds, info)
+    write_json(result, args.results / "final.json")
+    rows = []
+    for name, r in result["regimes"].items():
+        for opt in ("lamb", "kfac"):
+            po = r["per_optimizer"][opt]
+            rows.append({"regime": name, "optimizer": opt, "final (mean)": po["final"]["mean"],
+                         "final (std)": po["final"]["std"], "train s (mean)": po["train_seconds"]["mean"],
+                         "plateau exit step (mean)": po["plateau_exit_step"]["mean"],
+                         "exits missing": po["plateau_exit_step"]["missing"]})
+    print(table(rows, list(rows[0])))
+    for name, r in result["regimes"].items():
+        ratio = r["kfac_to_lamb_final"]["time_ratio"]
+        print(f"{name}: plateau {r['plateau']:.3f}; K-FAC time to LAMB's final / LAMB's time: mean {ratio['mean']} "
+              f"(std {ratio['std']}, {ratio['missing']} seed(s) never reached it); LAMB leaves the plateau well "
+              f"before the end: {r['lamb_leaves_plateau_well_before_end']}; target (≤ 0.7) met: {r['target_met']}")
+    print(f"wrote {args.results / 'final.json'} and {args.results}/<regime>/final.png")
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    return tune(args) if args.command == "tune" else final(args)

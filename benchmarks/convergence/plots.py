@@ -1,0 +1,42 @@
+"""Held-out MLM loss against optimizer steps and against training seconds, one figure per regime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.convergence.analysis import PLATEAU_MARGIN, curve_of
+
+COLORS = {"lamb": "tab:blue", "kfac": "tab:orange"}
+LABELS = {"lamb": "LAMB", "kfac": "LAMB + K-FAC"}
+
+
+def plot_regime(records: dict[str, list[dict[str, Any]]], *, plateau: float, title: str, out: Path) -> None:
+    """Every seed's curve (thin) for each optimizer, the plateau and the exit line, LAMB's mean final loss."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, runs in records.items():
+        for i, record in enumerate(sorted(runs, key=lambda r: r["spec"]["seed"])):
+            curve = curve_of(record)
+            label = f"{LABELS.get(name, name)} (seeds {', '.join(str(r['spec']['seed']) for r in runs)})" \
+                if i == 0 else None
+            by_step.plot(curve.steps, curve.values, color=COLORS.get(name), alpha=0.8, lw=1.2, label=label)
+            by_time.plot(curve.seconds, curve.values, color=COLORS.get(name), alpha=0.8, lw=1.2, label=label)
+    lamb = records.get("lamb", [])
+    for ax, xlabel in ((by_step, "optimizer step"), (by_time, "training seconds (evaluation excluded)")):
+        ax.axhline(plateau, color="grey", ls="--", lw=1, label=f"unigram plateau {plateau:.2f}")
+        ax.axhline(plateau - PLATEAU_MARGIN, color="grey", ls=":", lw=1, label=f"plateau − {PLATEAU_MARGIN}")
+        if lamb:
+            final = sum(r["final"] for r in lamb) / len(lamb)
+            ax.axhline(final, color=COLORS["lamb"], ls="-.", lw=1, label=f"LAMB final (mean) {final:.2f}")
+        ax.set(xlabel=xlabel, ylabel="held-out MLM loss (report part)")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
