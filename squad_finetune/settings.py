@@ -105,6 +105,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} not found (see ds_configs/squad_*.json)") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except UnicodeDecodeError as exc:  # a binary file: the bare error would not name it
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                          "give a DeepSpeed JSON config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: a DeepSpeed config must be a JSON object")
     return config

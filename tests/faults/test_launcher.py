@@ -19,7 +19,7 @@ LAUNCH = """
 import sys
 from pathlib import Path
 from mission.jobs import launch
-launch("tests.faults.sleeper", [sys.argv[1]], ranks=2, log=Path(sys.argv[1]) / "job.log")
+launch("tests.support.sleeper", [sys.argv[1]], ranks=2, log=Path(sys.argv[1]) / "job.log")
 """
 
 
@@ -73,7 +73,7 @@ def test_sigterm_of_the_mission_stops_the_ranks(tmp_path: Path) -> None:
 def test_a_timeout_kills_the_ranks(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 20 s and was killed with its ranks"):
-        launch("tests.faults.sleeper", [str(tmp_path)], ranks=2, log=tmp_path / "job.log", timeout=20)
+        launch("tests.support.sleeper", [str(tmp_path)], ranks=2, log=tmp_path / "job.log", timeout=20)
     assert time.monotonic() - started < 60
     ranks = [int(f.read_text()) for f in tmp_path.glob("rank*.pid")]
     assert len(ranks) == 2 and _gone_within(ranks, 10)

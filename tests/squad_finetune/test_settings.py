@@ -55,6 +55,10 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
         read_config(bad)
     with pytest.raises(ConfigError, match="not found"):
         read_config(tmp_path / "absent.json")
+    binary = tmp_path / "b.json"
+    binary.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(ConfigError, match=r"b\.json: not a UTF-8 text file"):
+        read_config(binary)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])

@@ -1,4 +1,5 @@
-"""A stand-in rank for the launcher test: writes its pid to ``<folder>/rank<LOCAL_RANK>.pid``, then sleeps."""
+"""A stand-in rank for launcher tests (tests/faults/test_launcher.py): writes its pid to
+``<folder>/rank<LOCAL_RANK>.pid``, then sleeps, so a test can check that stopping the launch stops it."""
 
 from __future__ import annotations
 
