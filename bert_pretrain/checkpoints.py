@@ -29,6 +29,7 @@ import torch
 
 from bert_pretrain import faults
 from bert_pretrain.files import write_atomic
+from kaisa_ds.engine.checkpoint import check_saved_state
 
 logger = logging.getLogger(__name__)
 MARKER = "complete.json"
@@ -150,6 +151,10 @@ def problem(tag_dir: Path, *, world: int) -> str | None:
                 return f"{path} is not a readable torch file ({exc})"
             if bad is not None:
                 return f"{path} is corrupt (checksum of its member {bad} fails)"
+            if path.name.endswith("model_states.pt"):  # carries the K-FAC state: check it as a load would
+                why = check_saved_state(path)
+                if why is not None:
+                    return why
     if int(record.get("world_size", world)) != world:
         logger.warning("%s was saved by %s ranks, this run has %d: dropout masks will differ from an uninterrupted "
                        "run", tag_dir, record.get("world_size"), world)

@@ -8,9 +8,13 @@ every rank. ``state_dict`` is a collective, and so is ``save_checkpoint``: both 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+import torch
+
 from kaisa_ds.preconditioner import KFACPreconditioner
+from kaisa_ds.state import validate_state
 
 logger = logging.getLogger(__name__)
 CLIENT_KEY = "kaisa_ds_kfac"
@@ -48,3 +52,23 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
 
     engine.save_checkpoint = save_checkpoint
     engine.load_checkpoint = load_checkpoint
+
+
+def check_saved_state(model_states: Path) -> str | None:
+    """Why the K-FAC state inside a DeepSpeed model-states file cannot be loaded (naming the file and the factor
+    or key), or None when it is sound or absent. Reads the file only, with no model or engine, so a resume can
+    pick an older checkpoint instead of failing on this one."""
+    try:
+        saved = torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as exc:  # a corrupt file: torch raises many kinds
+        return f"{model_states} cannot be read ({exc})"
+    state = saved.get(CLIENT_KEY) if isinstance(saved, dict) else None
+    if state is None:
+        return None
+    try:
+        discovered = state["discovered"]
+        diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
+        validate_state(state, discovered=discovered, diagonal=diagonal, method=str(state["compute_method"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"{model_states}: the K-FAC state ('{CLIENT_KEY}') is not loadable: {exc}"
+    return None

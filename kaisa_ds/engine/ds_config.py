@@ -42,7 +42,11 @@ def load_config(config: dict[str, Any] | str | Path | None, args: Any = None) ->
     path = Path(config)
     if not path.is_file():
         raise FileNotFoundError(f"DeepSpeed config {path} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"DeepSpeed config {path} is not a UTF-8 text file ({exc.reason} at byte {exc.start}); "
+                         "give the JSON config file") from exc
     try:
         loaded = json.loads(text)
     except json.JSONDecodeError:

@@ -77,3 +77,35 @@ def test_no_intact_checkpoint_is_an_error_naming_each_file(tmp_path: Path) -> No
 
 def test_no_checkpoint_at_all_starts_from_step_0(tmp_path: Path) -> None:
     assert newest_intact(tmp_path / "checkpoints", world=2) is None
+
+
+def _kfac_state() -> dict:
+    from kaisa_ds import KFACPreconditioner
+    from tests.support.models import TinyTransformerish
+
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model)
+    model(torch.randint(0, 11, (2, 5))).sum().backward()
+    precond.step()
+    return precond.state_dict()
+
+
+def test_a_non_finite_kfac_state_falls_back_naming_the_factor(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Files intact (sizes and zip checksums match: the values were bad when saved), the K-FAC state is not."""
+    state = _kfac_state()
+    _tag(tmp_path, 2)
+    newest = tmp_path / "step4"
+    newest.mkdir()
+    name = next(n for n, f in state["factors"].items() if f["value"] is not None)
+    state["factors"][name]["value"].view(-1)[0] = float("nan")
+    torch.save({"module": {}, "kaisa_ds_kfac": state}, newest / "mp_rank_00_model_states.pt")
+    for rank in range(2):
+        torch.save({"torch": torch.get_rng_state()}, newest / f"rng_rank{rank:03d}.pt")
+    (newest / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    write_marker(newest, step=4, world=2, pins=PINS)
+    with caplog.at_level(logging.WARNING):
+        chosen = newest_intact(tmp_path, world=2)
+    assert chosen is not None and chosen.step == 2
+    assert "mp_rank_00_model_states.pt" in caplog.text and name in caplog.text and "not finite" in caplog.text

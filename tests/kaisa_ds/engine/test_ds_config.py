@@ -107,3 +107,10 @@ def test_every_shipped_config_validates(path: Path) -> None:
     ds_cfg = {k: v for k, v in cfg.items() if k != "optimizer"}  # LAMB is built by kaisa_ds, not DeepSpeed
     checked = DeepSpeedConfig(json.loads(json.dumps(ds_cfg)), mpu=_DataParallel(world))
     assert checked.train_batch_size == cfg.get("train_batch_size", checked.train_batch_size)
+
+
+def test_a_binary_config_file_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
+    with pytest.raises(ValueError, match=r"config\.json is not a UTF-8 text file"):
+        load_config(path)
