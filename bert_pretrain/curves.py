@@ -7,32 +7,14 @@ evaluation or checkpoint saving), so time-to-target counts training only.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bert_pretrain.metrics import read_rows
+
 logger = logging.getLogger(__name__)
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file; a torn last line (a run killed mid-write) is skipped with a warning.
-
-    A bad line anywhere else is corruption, not a kill, and raises."""
-    if not path.is_file():
-        return []
-    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise
-            logger.warning("%s: skipped a torn last line (the run was probably killed while writing it): %.60s",
-                           path, line)
-    return rows
 
 
 def resumed_elapsed(path: Path, step: int) -> float:

@@ -20,8 +20,11 @@ class MetricsError(ValueError):
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file. A torn last line (the process was killed mid-write) is dropped with a
-    warning, since the step it belongs to is redone after a resume; a bad line before it is an error."""
+    """The rows of a JSONL file (none when it does not exist). A torn last line (the process was killed mid-write)
+    is dropped with a warning, since the step it belongs to is redone after a resume; a bad line before it is an
+    error naming the file and line. The one reader of metrics files (curves, the mission's report, benchmarks)."""
+    if not path.is_file():
+        return []
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     rows: list[dict[str, Any]] = []
     for number, line in enumerate(lines, start=1):

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.curves import Curve, first_crossing, heldout_curve, read_rows
+from bert_pretrain.curves import Curve, first_crossing, heldout_curve
+from bert_pretrain.metrics import read_rows
 
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from benchmarks.convergence.parts import Parts
 from benchmarks.convergence.regimes import Regime, ds_config
-from bert_pretrain.curves import heldout_curve, read_rows
+from bert_pretrain.curves import heldout_curve
+from bert_pretrain.metrics import read_rows
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from benchmarks.convergence import analysis
 from benchmarks.convergence.cli import DEFAULT_TEXT, DEFAULT_VOCAB, main
 from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
 from benchmarks.convergence.regimes import REGIMES
-from bert_pretrain.curves import read_rows
+from bert_pretrain.metrics import read_rows
 
 REAL_DATA = pytest.mark.skipif(not (DEFAULT_TEXT.is_file() and DEFAULT_VOCAB.is_file()),
                                reason=f"real data absent: {DEFAULT_TEXT} and {DEFAULT_VOCAB}")

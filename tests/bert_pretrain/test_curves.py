@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bert_pretrain.curves import Curve, first_crossing, heldout_curve, read_rows, resumed_elapsed
+from bert_pretrain.curves import Curve, first_crossing, heldout_curve, resumed_elapsed
 from bert_pretrain.eval_sets import named_text, renamed
+from bert_pretrain.metrics import read_rows
 
 
 def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -20,7 +21,7 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
         assert read_rows(path) == [{"step": 1}, {"step": 2}]
     assert "torn last line" in caplog.text
     path.write_text('{"step": 1, "lo\n' + json.dumps({"step": 2}) + "\n")  # not the last line: corruption
-    with pytest.raises(json.JSONDecodeError):
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:1"):
         read_rows(path)
     assert read_rows(tmp_path / "absent.jsonl") == []
 
