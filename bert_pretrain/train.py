@@ -195,7 +195,7 @@ def run(args: Namespace) -> dict[str, Any]:
     stop = min(max_steps, start + args.stop_after) if args.stop_after else max_steps
     bar = tqdm(total=max_steps, initial=start, desc=f"phase {args.phase}", unit="step", disable=rank != 0)
     t_start, last = time.perf_counter(), {}
-    elapsed = resumed_elapsed(out / "metrics.jsonl", start) if args.resume else 0.0
+    elapsed = resumed_elapsed(out / "metrics.jsonl", start) if args.resume and rank == 0 else 0.0  # rank 0 logs
     for step in range(start + 1, stop + 1):
         faults.inject("step", rank=rank, step=step)
         t_step = time.perf_counter()

@@ -139,12 +139,14 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
 
 def measured(settings: dict[str, Any]) -> str:
     """The plain-words scale statement of the report."""
+    data = settings.get("data", "built-in")
+    corpus = "the built-in generated corpus" if data == "built-in" else f"{data}"
     return (f"BERT-{settings.get('model', '?')} pretrained for {settings.get('phase1_steps', '?')} phase-1 steps "
             f"(128 tokens) and {settings.get('phase2_steps', '?')} phase-2 steps (512 tokens) on "
-            f"{settings.get('ranks', '?')} ranks, on the built-in generated corpus unless --data was given, then "
-            "fine-tuned on SQuAD-style questions. 'Held-out MLM' is the masked-LM loss on the corpus documents held "
-            "out of training (phase 1), evaluated every few steps; 'training s' are the summed optimizer-step "
-            "seconds (evaluation and checkpointing excluded), interpolated between evaluations where a curve crosses "
-            "LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases (start-up, evaluation "
-            "and saving included). One seed, toy scale: a smoke test of the pipeline, not evidence about K-FAC "
-            "at BERT-Large scale.")
+            f"{settings.get('ranks', '?')} ranks on {corpus}, then fine-tuned on SQuAD-style questions; one seed. "
+            "'Held-out MLM' is the masked-LM loss on the corpus documents held out of training (phase 1), "
+            f"evaluated every {settings.get('eval_every', '?')} steps and at the end; 'training s' are the summed "
+            "optimizer-step seconds (evaluation and checkpointing excluded), interpolated between evaluations where "
+            "a curve crosses LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases "
+            "(start-up, evaluation and saving included). At this scale the run checks the pipeline end to end; it "
+            "is not evidence about K-FAC's speed-up at BERT-Large scale (see benchmarks/README.md#convergence).")

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,
                                                "phase2_steps": args.phase2_steps, "ranks": args.ranks,
                                                "eval_every": args.eval_every,
+                                               "data": " ".join(map(str, args.data)) if args.data else "built-in",
                                                "kfac_phase1_config": str(args.kfac_phase1_config or
                                                                          f"{args.config_prefix}_phase1_kfac.json")})
     print(f"main job done: report at {report} and {out / 'report.json'} (plots: {out / 'heldout_curves.png'}, "
