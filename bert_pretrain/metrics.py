@@ -9,36 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.files import write_atomic
+from kaisa_ds.jsonl import MetricsError, read_rows
 
 logger = logging.getLogger(__name__)
+__all__ = ["MetricsError", "MetricsLog", "plot_losses", "read_rows"]
 MONITORED = ("loss", "mlm_loss", "nsp_loss", "lr", "seq_per_s", "heldout_mlm_loss", "heldout_mlm_accuracy",
              "heldout_nsp_accuracy")
-
-
-class MetricsError(ValueError):
-    """metrics.jsonl is damaged in a way a resume cannot repair; the message names the file and line."""
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL file (none when it does not exist). A torn last line (the process was killed mid-write)
-    is dropped with a warning, since the step it belongs to is redone after a resume; a bad line before it is an
-    error naming the file and line. The one reader of metrics files (curves, the mission's report, benchmarks)."""
-    if not path.is_file():
-        return []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    rows: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if all(not rest.strip() for rest in lines[number:]):
-                logger.warning("%s:%d: dropping a torn last line (%d characters; the run was killed while writing "
-                               "it)", path, number, len(line))
-                break
-            raise MetricsError(f"{path}:{number}: not a JSON line ({exc}); repair or delete that line") from exc
-    return rows
 
 
 class MetricsLog:

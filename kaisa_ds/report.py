@@ -1,0 +1,89 @@
+"""``python -m kaisa_ds.report RUN_DIR``: PNG plots of a run's K-FAC diagnostics, readable at a glance.
+
+Reads ``RUN_DIR/metrics.jsonl`` (rows with a ``kfac`` object, as ``bert_pretrain`` writes them from
+``KFACPreconditioner.diagnostics_snapshot()``) and writes ``RUN_DIR/kfac_diagnostics.png``: the KL-clip scale ν
+(how much of each step K-FAC's trust region cuts), damping and learning rate in force, the eigenvalue range of
+every layer group's A and G factors at each decomposition against the damping (eigenvalues far below the damping
+mean the damping dominates that direction), the decomposition age, and skipped windows and failed decompositions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from kaisa_ds.jsonl import read_rows
+
+logger = logging.getLogger(__name__)
+
+
+def kfac_rows(metrics: Path) -> list[dict[str, Any]]:
+    """``{step, ...diagnostics}`` rows of a metrics.jsonl (a torn last line is skipped)."""
+    if not metrics.is_file():
+        raise FileNotFoundError(f"{metrics} does not exist: give the run folder that holds metrics.jsonl")
+    rows = [{"step": r["step"], **r["kfac"]} for r in read_rows(metrics)
+            if isinstance(r.get("kfac"), dict) and "step" in r]
+    if not rows:
+        raise ValueError(f"{metrics} has no K-FAC diagnostics (was the run trained with kfac.enabled?)")
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    nu, values, eig, faults = axes.flat
+    nu.plot(steps, [r["kl_scale"] if r["kl_scale"] is not None else float("nan") for r in rows])
+    nu.set(title="KL-clip scale ν (1: step not cut)", xlabel="step", ylim=(0, 1.05))
+    values.plot(steps, [r["damping"] for r in rows], label="damping")
+    values.plot(steps, [r["lr"] for r in rows], label="learning rate")
+    values.set(title="values in force", xlabel="step", yscale="log")
+    values.legend()
+    decomposition_rows = [r for r in rows if r.get("eigenvalues")]  # constant between decompositions: steps
+    for group in sorted({g for r in decomposition_rows for g in r["eigenvalues"]}):
+        xs = [r["step"] for r in decomposition_rows if group in r["eigenvalues"]]
+        low = [max(r["eigenvalues"][group]["min"], 1e-30) for r in decomposition_rows if group in r["eigenvalues"]]
+        high = [r["eigenvalues"][group]["max"] for r in decomposition_rows if group in r["eigenvalues"]]
+        line = eig.plot(xs, high, label=group.split(".", 2)[-1] if len(group) > 40 else group)[0]
+        eig.plot(xs, low, ":", color=line.get_color())
+    eig.plot(steps, [r["damping"] for r in rows], "k--", label="damping")
+    eig.set(title="eigenvalues of the decompositions in force (solid max, dotted min)", xlabel="step",
+            yscale="log")
+    eig.legend(fontsize=6, ncol=2)
+    faults.plot(steps, [r["skipped_windows"] for r in rows], label="skipped windows (overflow)")
+    faults.plot(steps, [r["failed_decompositions"] for r in rows], label="failed decompositions")
+    faults.plot(steps, [r["decomposition_age"] if r["decomposition_age"] is not None else float("nan")
+                        for r in rows], label="decomposition age (steps)")
+    faults.set(title="faults and staleness", xlabel="step")
+    faults.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kaisa_ds.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path, help="a run folder holding metrics.jsonl (e.g. runs/mission/kfac/phase1)")
+    p.add_argument("--out", type=Path, help="PNG to write (default: RUN_DIR/kfac_diagnostics.png)")
+    args = p.parse_args(argv)
+    try:
+        rows = kfac_rows(args.run_dir / "metrics.jsonl")
+    except (FileNotFoundError, ValueError) as exc:
+        p.error(str(exc))
+    out = args.out or args.run_dir / "kfac_diagnostics.png"
+    plot(rows, out, title=f"K-FAC diagnostics: {args.run_dir}")
+    logger.info("wrote %s", out)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
