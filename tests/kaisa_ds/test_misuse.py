@@ -94,21 +94,22 @@ def test_a_layer_without_gradient_is_left_alone(fraction: float | str) -> None:
     torch.manual_seed(0)
     model = TinyWithUnusedHead()
     precond = KFACPreconditioner(model, damping=0.01, grad_worker_fraction=fraction)
-    for _ in range(3):
+    _train_steps(model, precond, 3)
+    assert model.head.weight.grad is None and model.body.out.weight.grad is not None
+
+
+def _train_steps(model: nn.Module, precond: KFACPreconditioner, steps: int) -> None:
+    for _ in range(steps):
         model.zero_grad()
         F.mse_loss(model(torch.randint(0, 11, (4, 5))), torch.randn(4, 5, 5)).backward()
         precond.step()
-    assert model.head.weight.grad is None and model.body.out.weight.grad is not None
 
 
 def _trained_state() -> tuple[nn.Module, KFACPreconditioner, dict]:
     torch.manual_seed(0)
     model = TinyTransformerish()
     precond = KFACPreconditioner(model, damping=0.01, kl_clip=None)
-    for _ in range(2):
-        model.zero_grad()
-        F.mse_loss(model(torch.randint(0, 11, (4, 5))), torch.randn(4, 5, 5)).backward()
-        precond.step()
+    _train_steps(model, precond, 2)
     return model, precond, precond.state_dict()
 
 
