@@ -23,6 +23,7 @@ from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.factors.sampling import RowSampler
+from kaisa_ds.factors.statistics import Rows, keep_all
 from kaisa_ds.layers import KFACLayer, discover_layers
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.state import export_state, validate_state
@@ -88,7 +89,10 @@ class KFACPreconditioner:
     def loss_scale(self) -> float:
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
 
-    def _select(self, factor: KroneckerFactor) -> Any:
+    def _select(self, factor: KroneckerFactor) -> Rows:
+        """The rows of this pass that feed ``factor``: all of them, or the sampler's subset."""
+        if not self.sampler.active:
+            return keep_all
         sampler, step, pass_index = self.sampler, self.steps, factor.passes
         return lambda rows: sampler.rows(rows, step=step, pass_index=pass_index)
 
@@ -96,16 +100,14 @@ class KFACPreconditioner:
         layer = self.layers.get(name)
         if layer is None or layer.a.already_counted(inp):
             return  # a shared A factor already counted this very tensor
-        select = self._select(layer.a) if self.sampler.active else None
-        layer.a.add(*(layer.helper.a_statistic(inp, select) if select else layer.helper.a_statistic(inp)))
+        layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
         layer.a.mark_counted(inp)
 
     def _on_grad(self, name: str, grad: torch.Tensor) -> None:
         layer = self.layers.get(name)
         if layer is None:
             return
-        select = self._select(layer.g) if self.sampler.active else None
-        stat, count = layer.helper.g_statistic(grad, select) if select else layer.helper.g_statistic(grad)
+        stat, count = layer.helper.g_statistic(grad, self._select(layer.g))
         per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
         layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
 

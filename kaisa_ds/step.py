@@ -15,7 +15,7 @@ import torch
 
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
-from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics, layer_group
+from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.distributed.collectives import allreduce_mean
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.precondition.apply import kl_clip_scale
@@ -160,12 +160,8 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
         p.decompositions.update({n: from_tensors(received[n][:-1], method=cfg.method.value)
                                  for n, ok in zip(names, valid) if ok > 0})
     p.grouped.invalidate()
-    owner: dict[str, str] = {}  # factor -> its first layer's group (a shared A factor under its owner)
-    for n, ly in s.layers.items():
-        owner.setdefault(ly.a.name, layer_group(n) + ".A")
-        owner.setdefault(ly.g.name, layer_group(n) + ".G")
-    p.diagnostics.eigen_ranges_from({f: (owner[f], d.eigvals) for f, d in p.decompositions.items()
-                                     if d.eigvals is not None and f in owner})
+    p.diagnostics.eigen_ranges_from({f: (s.factor_labels[f], d.eigvals) for f, d in p.decompositions.items()
+                                     if d.eigvals is not None and f in s.factor_labels})
 
 
 def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed: list[str]) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from kaisa_ds.diagnostics import layer_group
 from kaisa_ds.distributed.assignment import Assignment, WorkUnit, assign_work
 from kaisa_ds.distributed.kaisa import KAISACommunicator
 from kaisa_ds.factors.factor import KroneckerFactor
@@ -41,9 +42,12 @@ class LayerStructure:
     unit_factors: dict[str, list[str]] = field(default_factory=dict)  # work unit -> its factors
     unit_layers: dict[str, list[str]] = field(default_factory=dict)  # work unit -> its layers
     factor_unit: dict[str, str] = field(default_factory=dict)
+    factor_map: dict[str, KroneckerFactor] = field(default_factory=dict)  # the layers' factors, fixed once built
+    factor_labels: dict[str, str] = field(default_factory=dict)  # factor -> its first layer's group + .A/.G
 
     def factors(self) -> dict[str, KroneckerFactor]:
-        return factors_of(self.layers)
+        """Every distinct factor (the layers never change after the build, so this is computed once)."""
+        return self.factor_map
 
     def holds(self, factor: str, rank: int) -> bool:
         """Whether ``rank`` is a gradient worker of the unit that owns ``factor`` (it keeps its decomposition)."""
@@ -85,9 +89,13 @@ def build_structure(layers: dict[str, KFACLayer], *, fired: set[str], same_input
             if f.name not in names:
                 names.append(f.name)
     facs = factors_of(kept)
+    labels: dict[str, str] = {}  # a shared A factor is labelled by its owner, the first layer reading it
+    for name, layer in kept.items():
+        labels.setdefault(layer.a.name, layer_group(name) + ".A")
+        labels.setdefault(layer.g.name, layer_group(name) + ".G")
     work = [WorkUnit(u, tuple((f, facs[f].dim, facs[f].diagonal) for f in fs)) for u, fs in units.items()]
     assignment = assign_work(work, world=world, grad_workers=grad_workers)
     return LayerStructure(
         layers=kept, assignment=assignment, comm=KAISACommunicator(assignment, rank=rank), unit_factors=units,
         unit_layers={u: [n for n, ly in kept.items() if ly.unit == u] for u in units},
-        factor_unit={f: u for u, fs in units.items() for f in fs})
+        factor_unit={f: u for u, fs in units.items() for f in fs}, factor_map=facs, factor_labels=labels)

@@ -1,4 +1,8 @@
-"""Preconditioning layers in groups of equal shapes, with batched matmuls and cached eigenvalue denominators.
+"""``(A ⊗ G + damping·I)⁻¹ vec(∇)`` for layers in groups of equal shapes, with batched matmuls and cached
+eigenvalue denominators.
+
+Eigen method: ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + damping)] Q_Aᵀ``. Inverse method: ``(G + damping·I)⁻¹ ∇
+(A + damping·I)⁻¹``. Diagonal factors (embedding inputs) have no eigenvectors: their rotation is the identity.
 
 Between two decompositions only the gradients change, so everything else a step needs is built once:
 layers with the same (out, in) shape and factor kinds are stacked into one group, their eigenvector (or

@@ -50,8 +50,8 @@ def _stats_overflow_on_one_rank(rank: int, world: int) -> tuple[int, bool, bool]
     if rank == 1:  # poison one statistic on this rank only; gradients stay finite everywhere
         original = precond.layers["fc1"].helper.a_statistic
 
-        def poisoned(inp: torch.Tensor) -> tuple[torch.Tensor, int]:
-            s, n = original(inp)
+        def poisoned(inp: torch.Tensor, *select: object) -> tuple[torch.Tensor, int]:
+            s, n = original(inp, *select)  # type: ignore[arg-type]
             return s * float("nan"), n
 
         precond.layers["fc1"].helper.a_statistic = poisoned  # type: ignore[method-assign]
