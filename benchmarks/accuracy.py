@@ -34,9 +34,9 @@ from benchmarks.common import (
     median,
     parser,
     pretraining_loss,
+    publish,
     random_batch,
     table,
-    write_json,
 )
 from bert_pretrain.data.examples import Specials
 
@@ -187,9 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.text and not args.vocab:
         p.error("--text needs --vocab")
     res = measure(args)
-    write_json(res, args.out)
+    publish(res, report(res), args.out)  # creates the output folder the plot goes to
     plot(res, args.out.with_suffix(".png"))
-    print(report(res))
     return res
 
 

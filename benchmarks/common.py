@@ -68,6 +68,13 @@ def write_json(data: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
+def publish(res: dict[str, Any], text: str, out: Path) -> None:
+    """Print a benchmark's tables, write its JSON (settings, raw figures, machine) and say where it went."""
+    print(text)
+    write_json(res, out)
+    print(f"\nwrote {out}")
+
+
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """A Markdown table (also readable as plain text); floats to 4 significant digits."""
     def cell(v: Any) -> str:

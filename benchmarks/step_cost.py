@@ -41,10 +41,10 @@ from benchmarks.common import (
     median,
     parser,
     pretraining_loss,
+    publish,
     random_batch,
     table,
     timed,
-    write_json,
 )
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -282,9 +282,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     res = measure(args)
-    print(report(res))
-    write_json(res, args.out)
-    print(f"\nwrote {args.out}")
+    publish(res, report(res), args.out)
     return res
 
 

@@ -53,10 +53,10 @@ from benchmarks.common import (
     median,
     parser,
     pretraining_loss,
+    publish,
     random_batch,
     table,
     timed,
-    write_json,
 )
 from benchmarks.step_cost import Interval
 
@@ -615,9 +615,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     res = measure(args)
-    print(report(res))
-    write_json(res, args.out)
-    print(f"\nwrote {args.out}")
+    publish(res, report(res), args.out)
     return res
 
 

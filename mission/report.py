@@ -13,19 +13,13 @@ from bert_pretrain.metrics import read_rows
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSONL file (none if absent); a torn last line, from a run killed mid-write, is skipped with a
-    warning."""
-    return read_rows(path)
-
-
 def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def phase1_curve(root: Path) -> Curve:
     """Phase 1's held-out MLM loss (the documents held out of the corpus) at each evaluation."""
-    return heldout_curve(read_jsonl(root / "phase1" / "metrics.jsonl"))
+    return heldout_curve(read_rows(root / "phase1" / "metrics.jsonl"))
 
 
 def plot_losses(runs: dict[str, Path], out: Path) -> None:
@@ -38,7 +32,7 @@ def plot_losses(runs: dict[str, Path], out: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, phase in zip(axes, ("phase1", "phase2")):
         for label, root in runs.items():
-            rows = [r for r in read_jsonl(root / phase / "metrics.jsonl") if "loss" in r and "step" in r]
+            rows = [r for r in read_rows(root / phase / "metrics.jsonl") if "loss" in r and "step" in r]
             if rows:
                 ax.plot([r["step"] for r in rows], [r["loss"] for r in rows], label=label)
         ax.set_title(f"{phase}: training loss (MLM + NSP)")
@@ -81,7 +75,7 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
     hit = first_crossing(curve, target) if target is not None and curve.values else None
     p2 = read_json(root / "phase2" / "summary.json")
     squad = read_json(root / "squad" / "eval_results.json")
-    train_seconds = [read_jsonl(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
+    train_seconds = [read_rows(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
     return {
         "pretrain_seconds": stage_seconds.get("phase1", 0.0) + stage_seconds.get("phase2", 0.0) or None,
         "pretrain_train_seconds": sum(rows[-1].get("elapsed_s", 0.0) for rows in train_seconds if rows) or None,
@@ -115,7 +109,7 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
     for label, root in runs.items():
         p1, p2 = read_json(root / "phase1" / "summary.json"), read_json(root / "phase2" / "summary.json")
         squad = read_json(root / "squad" / "eval_results.json")
-        before = next((r for r in read_jsonl(root / "squad" / "metrics.jsonl")
+        before = next((r for r in read_rows(root / "squad" / "metrics.jsonl")
                        if r.get("event") == "eval" and r.get("step") == 0), {})
         wall = seconds.get(label, {}).get("phase1", 0.0) + seconds.get(label, {}).get("phase2", 0.0)
         f = figures[root.name]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mission.report import read_jsonl, write_report
+from bert_pretrain.metrics import read_rows
+from mission.report import write_report
 from mission.run import parse_args
 
 
@@ -87,7 +88,7 @@ def test_report_tolerates_a_torn_last_metrics_line(tmp_path: Path, caplog: pytes
     metrics = runs["LAMB"] / "phase1" / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 5, "loss": 3.')  # killed mid-write
     with caplog.at_level(logging.WARNING):
-        assert [r["step"] for r in read_jsonl(metrics)] == [1, 2, 3, 4]
+        assert [r["step"] for r in read_rows(metrics)] == [1, 2, 3, 4]
         write_report(tmp_path, runs, {"LAMB": {}}, {})
     assert "torn last line" in caplog.text
     assert json.loads((tmp_path / "report.json").read_text())["variants"]["lamb"]["final_heldout_mlm"] == 3.5
