@@ -26,7 +26,8 @@ WITH_EMBEDDING = ["position_embeddings", "token_type_embeddings"]
 KINDS = {4: "decomposition", 5: "plain", 6: "factor"}  # factors every 2 steps, decompositions every 4
 CONFIGS = {  # world -> options of each configuration measured at that world
     2: [dict(grad_worker_fraction=1.0),
-        dict(grad_worker_fraction=0.5, factor_dtype="fp16", inv_dtype="bf16", symmetry_aware=True, skip_layers=WITH_EMBEDDING)],
+        dict(grad_worker_fraction=0.5, factor_dtype="fp16", inv_dtype="bf16", symmetry_aware=True,
+             skip_layers=WITH_EMBEDDING)],
     4: [dict(grad_worker_fraction=0.5, factor_dtype="bf16", symmetry_aware=True),
         dict(grad_worker_fraction=0.25, skip_layers=WITH_EMBEDDING),
         dict(grad_worker_fraction=1.0, factor_dtype="fp16", inv_dtype="bf16")],
