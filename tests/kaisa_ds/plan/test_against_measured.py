@@ -24,7 +24,7 @@ SIZE, VOCAB, SEQ, BATCH = "tiny", 200, 16, 2
 # preconditioner stacks their differently sized eigenvalues together (a bug reported separately)
 WITH_EMBEDDING = ["position_embeddings", "token_type_embeddings"]
 KINDS = {4: "decomposition", 5: "plain", 6: "factor"}  # factors every 2 steps, decompositions every 4
-CONFIGS = {  # world -> options of each configuration measured at that world
+CONFIGS: dict[int, list[dict[str, Any]]] = {  # world -> options of each configuration measured at that world
     2: [dict(grad_worker_fraction=1.0),
         dict(grad_worker_fraction=0.5, factor_dtype="fp16", inv_dtype="bf16", symmetry_aware=True,
              skip_layers=WITH_EMBEDDING)],
