@@ -6,8 +6,9 @@ inside a K-FAC stage is intercepted and counted (a broadcast counts on its sourc
 the core's own counters (``precond.comm_bytes``, the communicator's ``bytes_sent``). Three kinds of step:
 ``factor+decomp`` (step 4), ``factor`` (step 6: factors only) and ``other`` (step 5: cached decompositions only).
 
-Formulas (payload per rank per step, FP32: 4 bytes an element; W ranks, g = W·f gradient workers per layer; n a
-factor's size; |∇_l| = out·(in+1) a layer's gradient matrix; the sums run over every distinct factor f and layer l):
+Formulas (computed by kaisa_ds.plan.traffic, the planner's own; payload per rank per step, FP32: 4 bytes an
+element; W ranks, g = W·f gradient workers per layer; n a factor's size; |∇_l| = out·(in+1) a layer's gradient
+matrix; the sums run over every distinct factor f and layer l):
   factor all-reduce, on factor steps, every rank:  4 · (Σ_f P_f + #factors)
       P_f = n² (n(n+1)/2 symmetry-aware; n for a diagonal factor), + one presence count per factor.
       A ring all-reduce puts about 2(W-1)/W of the payload on the wire per rank, whatever the strategy.
@@ -52,6 +53,7 @@ from benchmarks.common import (
 )
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.enums import DistributedStrategy
+from kaisa_ds.plan.traffic import payload_per_rank, runs, wire_per_rank
 
 STRATEGIES = {"MEM-OPT": "mem-opt", "HYBRID-OPT": "hybrid-opt", "COMM-OPT": "comm-opt"}
 STAGE_OF = {"factor_reduction": "factor_allreduce", "decomposition": "decomposition_broadcast",
@@ -154,63 +156,26 @@ def _measure_world(rank: int, world: int, size: str, strategies: list[str]) -> l
             for name in strategies for sym in (False, True)]
 
 
-def factor_payload(n: int, diagonal: bool, *, symmetric: bool) -> int:
-    return n if diagonal else (n * (n + 1) // 2 if symmetric else n * n)
-
-
-def decomposition_payload(n: int, diagonal: bool) -> int:
-    return n + 1 if diagonal else n * n + n + 1
-
-
 @dataclass
 class Formula:
-    """Payload bytes per stage on a step where the stage runs: the closed-form mean over ranks, and each
-    rank's exact share from the work assignment."""
+    """Payload bytes per stage on a step where the stage runs: the mean over ranks, and each rank's exact share
+    from the work assignment (kaisa_ds.plan.traffic's formulas, the planner's own)."""
 
     mean: dict[str, float]
     per_rank: dict[str, list[float]]
 
 
-FAILURE_CHECK_BYTES = 8  # one int64 all-reduced per decomposition step (kaisa_ds.step.check_failures)
-
-
 def formulas(info: dict[str, Any], *, world: int, symmetric: bool) -> Formula:
     """The formulas of the module docstring for one strategy's measured structure (factor sizes, layers)."""
-    facs, layers, g = info["factors"], info["layers"], info["grad_workers"]
-    allreduce = 4 * (sum(factor_payload(n, d, symmetric=symmetric) for n, d in facs.values()) + len(facs))
-    decomp_total = 4 * sum(decomposition_payload(n, d) for n, d in facs.values()) if g > 1 else 0
-    grad_total = 4 * g * sum(size for size, _ in layers.values()) if g < world else 0
-    check = FAILURE_CHECK_BYTES if world > 1 else 0
-    mean = {"factor_allreduce": float(allreduce), "decomposition_broadcast": decomp_total / world + check,
-            "gradient_broadcast": grad_total / world}
-    per_rank: dict[str, list[float]] = {k: [] for k in COUNTERS}
-    for r in range(world):
-        mine = [f for f, w in info["inverse_worker"].items() if w == r]
-        group = r // g
-        per_rank["factor_allreduce"].append(float(allreduce))
-        per_rank["decomposition_broadcast"].append(
-            (4.0 * sum(decomposition_payload(*facs[f]) for f in mine) if g > 1 else 0.0) + check)
-        per_rank["gradient_broadcast"].append(
-            4.0 * sum(size for size, unit in layers.values() if info["unit_group"][unit] == group) if g < world
-            else 0.0)
-    return Formula(mean=mean, per_rank=per_rank)
+    per_rank = payload_per_rank(factors=info["factors"], layers=info["layers"],
+                                inverse_worker=info["inverse_worker"], unit_group=info["unit_group"], world=world,
+                                grad_workers=info["grad_workers"], symmetric=symmetric)
+    return Formula(mean={k: sum(v) / world for k, v in per_rank.items()}, per_rank=per_rank)
 
 
 def expected(kind: str, stage: str, value: float) -> float:
     """A stage's payload on a kind of step: factors travel on factor steps, decompositions on decomp steps."""
-    if stage == "factor_allreduce" and kind == "other":
-        return 0.0
-    if stage == "decomposition_broadcast" and kind != "factor+decomp":
-        return 0.0
-    return value
-
-
-def wire_per_rank(stage: str, mean_payload: float, *, world: int, g: int) -> float:
-    """Bytes a rank puts on the wire on average: ring all-reduce 2(W-1)/W of the payload; a broadcast
-    reaches (group size - 1) receivers."""
-    fanout = {"factor_allreduce": 2 * (world - 1) / world, "decomposition_broadcast": g - 1,
-              "gradient_broadcast": world // g - 1}[stage]
-    return mean_payload * fanout
+    return value if runs(stage, factor_step=kind != "other", decomposition_step=kind == "factor+decomp") else 0.0
 
 
 def compare(world: int, runs: list[list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[str]]:

@@ -26,12 +26,11 @@ from typing import Any
 import torch
 
 from bert_pretrain.data.examples import ExampleSettings, Specials, mask_tokens
+from bert_pretrain.model import KAISA_SKIP as KAISA_SKIP  # re-exported: the benchmarks import it from here
 from bert_pretrain.model import SIZES, PretrainingLoss, build_model
 
 RESULTS = Path(__file__).parent / "results"
 BERT_SIZES = SIZES  # hidden, layers, heads, intermediate: bert_pretrain's, the sizes users train
-# KAISA's BERT recipe: no K-FAC on the embeddings, the pooler or the prediction heads.
-KAISA_SKIP = ("embeddings", "cls", "pooler")
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")
 
 

@@ -12,7 +12,8 @@ kind = its forward+backward with hooks minus the baseline's forward+backward (th
 time of ``precond.step()``, each the median of ``--repeats`` rounds (the fastest rounds give a second estimate).
 The amortised overhead is the interval average of that time divided by the baseline's forward+backward + optimizer
 step (LAMB from kaisa_ds.optim.select when it exists, else AdamW). Also times one FP32 eigendecomposition and one
-damped inverse per factor size (``--decomp-sizes``).
+damped inverse per factor size (``--decomp-sizes``), and the GEMM rate of the statistics: the JSON's ``calibration``
+object, which ``python -m kaisa_ds.plan --calibration FILE`` reads to predict the overhead of other runs.
 
     python -m benchmarks.step_cost                          # BERT-mini, batch 32 x 128, fp32 (2-6 min on 2 cores)
     python -m benchmarks.step_cost --threads 1              # the same on a busy shared CPU (see README.md)
@@ -175,7 +176,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     baseline, med = summarise(rounds, median)
     best_baseline, best = summarise(rounds, min)
     step_s = baseline["baseline_fwd_bwd"] + baseline["optimizer_step"]
-    return {
+    res: dict[str, Any] = {
         "machine": info, "settings": {**vars(args), "out": str(args.out), "optimizer": run.opt_name,
                                            "device": str(device), "kfac_layers": len(run.kfac.layers),
                                            "kfac_factors": len(run.kfac.factors())},
@@ -188,6 +189,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds, "load_average_1m_after": os.getloadavg()[0],
         "decompositions": decomposition_times(args.decomp_sizes, device, repeats=args.decomp_repeats),
     }
+    res["calibration"] = calibration(res, args, device)
+    return res
 
 
 def decomposition_times(sizes: list[int], device: torch.device, *, repeats: int) -> list[dict[str, Any]]:
@@ -206,6 +209,27 @@ def decomposition_times(sizes: list[int], device: torch.device, *, repeats: int)
         inverse = median([timed(partial(torch.linalg.inv, damped), cuda=cuda) for _ in range(reps)])
         rows.append({"size": n, "repeats": reps, "eigh_fp32_s": eigh, "inverse_fp32_s": inverse})
     return rows
+
+
+def gemm_gflops(device: torch.device, dtype: str, *, rows: int, n: int, repeats: int = 5) -> float:
+    """GFLOP/s of the statistics' GEMM ``xᵀx`` (rows x n) in the run's dtype: the planner's GEMM rate."""
+    cuda = device.type == "cuda"
+    x = torch.randn(rows, n, device=device, dtype=AUTOCAST[dtype] or torch.float32)
+    x.t() @ x  # untimed: workspace
+    seconds = median([timed(lambda: x.t() @ x, cuda=cuda) for _ in range(repeats)])
+    return 2.0 * rows * n * n / seconds / 1e9
+
+
+def calibration(res: dict[str, Any], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The rates ``python -m kaisa_ds.plan --calibration`` reads: GEMM GFLOP/s, eigh and inverse seconds per
+    factor size, and the measured baseline step with the settings it belongs to."""
+    hidden = BERT_SIZES[args.size][0]
+    return {"gemm_gflops": gemm_gflops(device, args.dtype, rows=args.batch * args.seq, n=hidden),
+            "eigh_seconds": {str(d["size"]): d["eigh_fp32_s"] for d in res["decompositions"]},
+            "inverse_seconds": {str(d["size"]): d["inverse_fp32_s"] for d in res["decompositions"]},
+            "baseline_step_s": res["baseline"]["step_s"],
+            "settings": {"model": args.size, "micro_batch": args.batch, "seq": args.seq},
+            "device": str(device), "dtype": args.dtype}
 
 
 def report(res: dict[str, Any]) -> str:

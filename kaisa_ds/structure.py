@@ -60,6 +60,20 @@ class LayerStructure:
         return self.assignment.is_grad_worker(self.layers[layer].unit, rank)
 
 
+def work_units(layers: dict[str, KFACLayer]) -> tuple[dict[str, list[str]], list[WorkUnit]]:
+    """Each work unit's factors (layers sharing an A factor form one unit), and the units as the assignment
+    sees them. Pure, so the planner (:mod:`kaisa_ds.plan`) runs exactly what a real run assigns."""
+    units: dict[str, list[str]] = {}
+    for layer in layers.values():
+        names = units.setdefault(layer.unit, [])
+        for f in (layer.a, layer.g):
+            if f.name not in names:
+                names.append(f.name)
+    facs = factors_of(layers)
+    work = [WorkUnit(u, tuple((f, facs[f].dim, facs[f].diagonal) for f in fs)) for u, fs in units.items()]
+    return units, work
+
+
 class NoLayerFired(RuntimeError):
     """No layer's forward hook ran before the first step."""
 
@@ -82,18 +96,12 @@ def build_structure(layers: dict[str, KFACLayer], *, fired: set[str], same_input
         raise NoLayerFired("K-FAC: step() was called before any forward pass in train mode with gradients "
                            "enabled; run forward and backward first (the preconditioner is unchanged)")
     share_inputs(kept, same_input)
-    units: dict[str, list[str]] = {}
-    for layer in kept.values():
-        names = units.setdefault(layer.unit, [])
-        for f in (layer.a, layer.g):
-            if f.name not in names:
-                names.append(f.name)
+    units, work = work_units(kept)
     facs = factors_of(kept)
     labels: dict[str, str] = {}  # a shared A factor is labelled by its owner, the first layer reading it
     for name, layer in kept.items():
         labels.setdefault(layer.a.name, layer_group(name) + ".A")
         labels.setdefault(layer.g.name, layer_group(name) + ".G")
-    work = [WorkUnit(u, tuple((f, facs[f].dim, facs[f].diagonal) for f in fs)) for u, fs in units.items()]
     assignment = assign_work(work, world=world, grad_workers=grad_workers)
     return LayerStructure(
         layers=kept, assignment=assignment, comm=KAISACommunicator(assignment, rank=rank), unit_factors=units,

@@ -66,3 +66,12 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
     assert len(data["rounds"]) == 2
     assert [r["size"] for r in data["decompositions"]] == [16, 32]
     assert all(r["eigh_fp32_s"] > 0 and r["inverse_fp32_s"] > 0 for r in data["decompositions"])
+    cal = data["calibration"]  # what python -m kaisa_ds.plan --calibration reads
+    assert cal["gemm_gflops"] > 0 and set(cal["eigh_seconds"]) == {"16", "32"}
+    assert cal["settings"] == {"model": "tiny", "micro_batch": 2, "seq": 16}
+    from kaisa_ds.plan.cli import main as plan_main
+
+    plan = plan_main(["--model", "tiny", "--vocab", "300", "--micro-batch", "2", "--seq", "16", "--world", "2",
+                      "--calibration", str(out), "--factor-update-steps", "2", "--inv-update-steps", "4"])
+    assert plan["overhead"]["baseline_step_seconds"] == base["step_s"]  # the measured step: same model and batch
+    assert plan["overhead"]["amortised_seconds"] > 0

@@ -1,0 +1,102 @@
+"""K-FAC bytes per rank: stored factors, open accumulation window, decompositions and cached denominators.
+
+The same quantities as ``precond.memory_usage()`` (and ``benchmarks.memory``): every rank keeps every
+factor and its window; a rank keeps the decompositions of the work units its worker group owns, and the
+eigen method's ``1 / (λ_G λ_Aᵀ + damping)`` for each layer it preconditions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kaisa_ds.config import KFACConfig
+from kaisa_ds.decomposition.decompose import layout
+from kaisa_ds.distributed.assignment import Assignment
+from kaisa_ds.plan.shapes import ModelShapes
+
+
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def factor_dtype(config: KFACConfig) -> torch.dtype:
+    """The running averages' storage dtype (FP32 statistics when ``factor_dtype`` is unset)."""
+    return config.storage_dtype or torch.float32
+
+
+def window_dtype(config: KFACConfig) -> torch.dtype:
+    """The dtype of the open accumulation window (one buffer per factor, however many passes fill it).
+
+    Today :class:`~kaisa_ds.factors.factor.KroneckerFactor` accumulates every window in FP32 whatever
+    ``factor_dtype`` says (FP64 storage keeps an FP32 window too). When the window moves to ``factor_dtype``
+    for FP16/BF16 factors, change this one function; the planner's tests compare it with the measured buffer.
+    """
+    del config  # the rule does not depend on the configuration yet
+    return torch.float32
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes on one rank."""
+
+    factors: int
+    window: int
+    decompositions: int
+    denominators: int
+
+    @property
+    def total(self) -> int:
+        return self.factors + self.window + self.decompositions + self.denominators
+
+
+def decomposition_numel(dim: int, diagonal: bool, *, method: str) -> int:
+    """Elements of one factor's decomposition (eigenvectors and eigenvalues, or the inverse)."""
+    total = 0
+    for shape in layout(dim, diagonal=diagonal, method=method):
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: str) -> int:
+    """Elements of GroupedPreconditioner's cache for the layers one rank preconditions.
+
+    Eigen: one ``(out, in)`` matrix per layer. Inverse: a diagonal A's inverse per layer, or one scalar per
+    group of layers with equal shapes (and equal sharing of their A factor).
+    """
+    if method == "eigen":
+        return sum(shapes.layers[n].grad_numel for n in layers)
+    readers: dict[str, int] = {}
+    for n in layers:
+        readers[shapes.layers[n].a] = readers.get(shapes.layers[n].a, 0) + 1
+    total, groups = 0, set()
+    for n in layers:
+        ly = shapes.layers[n]
+        if shapes.factors[ly.a].diagonal:
+            total += ly.inp
+        else:
+            groups.add((ly.out, ly.inp, readers[ly.a]))
+    return total + len(groups)
+
+
+def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACConfig) -> list[RankMemory]:
+    """Steady-state K-FAC bytes of every rank, inside a factor window (the window buffers are open)."""
+    method = config.method.value
+    inv = element_size(config.inv_dtype)  # type: ignore[arg-type]
+    stored = sum(f.numel for f in shapes.factors.values()) * element_size(factor_dtype(config))
+    window = sum(f.numel for f in shapes.factors.values()) * element_size(window_dtype(config))
+    unit_layers = shapes.unit_layers()
+    unit_factors: dict[str, list[str]] = {u.name: [f for f, _, _ in u.factors] for u in shapes.work}
+    out = []
+    for rank in range(assignment.world):
+        units = [u for u in unit_factors if assignment.is_grad_worker(u, rank)]
+        dec = sum(decomposition_numel(shapes.factors[f].dim, shapes.factors[f].diagonal, method=method)
+                  for u in units for f in unit_factors[u])
+        layers = [n for u in units for n in unit_layers.get(u, [])]
+        den = denominator_numel(shapes, layers, method=method)
+        out.append(RankMemory(factors=stored, window=window, decompositions=dec * inv, denominators=den * inv))
+    return out
