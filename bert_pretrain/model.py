@@ -19,12 +19,10 @@ from torch import nn
 
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.examples import IGNORE
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP as KAISA_SKIP  # re-exported
+from kaisa_ds.plan.bert_sizes import SIZES as SIZES  # re-exported
 
 logger = logging.getLogger(__name__)
-SIZES = {"tiny": (128, 2, 2, 512), "mini": (256, 4, 4, 1024), "base": (768, 12, 12, 3072),
-         "large": (1024, 24, 16, 4096)}  # hidden, layers, attention heads, intermediate
-# KAISA's BERT recipe: no K-FAC on the embeddings, the pooler or the prediction heads.
-KAISA_SKIP = ("embeddings", "cls", "pooler")
 STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count")
 
 

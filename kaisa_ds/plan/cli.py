@@ -21,12 +21,12 @@ from typing import Any
 
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.engine.ds_config import ENGINE_KEYS, load_config
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration
 from kaisa_ds.plan.shapes import bert_shapes
 from kaisa_ds.plan.summary import MEMORY_PARTS, make_plan
 
 MB = 2**20
-DEFAULT_SKIP = ("embeddings", "cls", "pooler")  # KAISA's BERT recipe (bert_pretrain.model.KAISA_SKIP)
 
 
 def _size_seconds(text: str) -> tuple[int, float]:
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--compute-method", help="eigen or inverse")
     k.add_argument("--symmetry-aware", action=argparse.BooleanOptionalAction, default=None)
     k.add_argument("--factor-sample-fraction", type=float)
-    k.add_argument("--skip-layers", nargs="*", help=f"regexes (default: the JSON's, else {' '.join(DEFAULT_SKIP)})")
+    k.add_argument("--skip-layers", nargs="*", help=f"regexes (default: the JSON's, else {' '.join(KAISA_SKIP)})")
     r = p.add_argument_group("rates for the predicted overhead (flags win over --calibration)")
     r.add_argument("--calibration", type=Path, help="the JSON python -m benchmarks.step_cost writes")
     r.add_argument("--gemm-gflops", type=float, help="GEMM rate of the statistics and the preconditioning")
@@ -82,7 +82,7 @@ def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None) -> KFACConf
     section = dict((ds or {}).get("kfac") or {})
     options = {key: v for key, v in section.items() if key not in ENGINE_KEYS}
     if "skip_layers" not in options:
-        options["skip_layers"] = list(DEFAULT_SKIP)
+        options["skip_layers"] = list(KAISA_SKIP)
     flags = {"grad_worker_fraction": args.grad_worker_fraction, "factor_dtype": args.factor_dtype,
              "inv_dtype": args.inv_dtype, "factor_update_steps": args.factor_update_steps,
              "inv_update_steps": args.inv_update_steps, "compute_method": args.compute_method,

@@ -23,6 +23,7 @@ from kaisa_ds.capture.hooks import HookCapture
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import WorkUnit
 from kaisa_ds.layers import KFACLayer, discover_layers, share_inputs
+from kaisa_ds.plan.bert_sizes import SIZES
 from kaisa_ds.structure import factors_of, work_units
 
 Forward = Callable[[nn.Module], Any]
@@ -98,10 +99,8 @@ def trace_shapes(model: nn.Module, config: KFACConfig, forward: Forward) -> Mode
 
 
 def bert_config(source: str | Path, *, vocab: int) -> Any:
-    """A ``BertConfig`` from a size name of bert_pretrain's one size table, or an HF folder's ``config.json``."""
+    """A ``BertConfig`` from a size name (kaisa_ds.plan.bert_sizes) or an HF folder's ``config.json``."""
     from transformers import BertConfig
-
-    from bert_pretrain.model import SIZES
 
     path = Path(source)
     if path.is_dir():
