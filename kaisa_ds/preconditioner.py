@@ -98,8 +98,10 @@ class KFACPreconditioner:
 
     def _on_input(self, name: str, inp: torch.Tensor) -> None:
         layer = self.layers.get(name)
-        if layer is None or layer.a.already_counted(inp):
-            return  # a shared A factor already counted this very tensor
+        if layer is None or (layer.unit != name and layer.a.already_counted(inp)):
+            # a later reader of a shared A factor whose first reader counted this very tensor in this pass; the
+            # first reader always counts (the same tensor object fed again on a later pass is a new pass)
+            return
         layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
         layer.a.mark_counted(inp)
 

@@ -136,3 +136,26 @@ def test_export_restore_round_trip_keeps_storage(dtype: torch.dtype) -> None:
     g.restore(saved, torch.device("cpu"))
     assert g.updates == 1
     torch.testing.assert_close(g.value, f.value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("same_object", [True, False])
+def test_a_factor_counts_a_batch_fed_again_as_the_same_tensor(same_object: bool) -> None:
+    """Feeding the very same ``ids`` tensor object on the next step (a fixed benchmark batch) is a new pass: the
+    embedding's A factor must update exactly as with an equal copy. The shared-A guard once compared tensor identity
+    across passes and silently dropped every later statistic of that layer."""
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, kl_clip=None, factor_decay=0.5, skip_layers=[])
+    ids = torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(5))
+    target = torch.zeros(8, 5, 5)
+    snapshots = []
+    for step in range(2):
+        batch = ids if same_object or step == 0 else ids.clone()
+        F.mse_loss(model(batch), target).backward()
+        precond.step()
+        model.zero_grad()
+        snapshots.append({name: layer.a_factor.float().clone() for name, layer in precond.layers.items()})
+    emb = next(name for name, layer in precond.layers.items() if layer.a.diagonal)
+    # same ids both steps: with decay 0.5 the running average stays the per-step statistic, whatever the weights
+    torch.testing.assert_close(snapshots[1][emb], snapshots[0][emb])
+    assert precond.layers[emb].a.updates == 2
