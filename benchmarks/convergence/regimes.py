@@ -54,6 +54,12 @@ class Regime:
         return [{"lr": lamb_lr * scale, "lr_scale": scale, "warmup": warmup, "damping": d, "factor_every": f,
                  "inv_every": i} for d in self.dampings for scale in self.kfac_lr_scales for f, i in self.intervals]
 
+    def run_key(self) -> dict[str, Any]:
+        """The fields that shape one run (model, batch, data, evaluation), not the grids or the run lengths (those
+        are in the run's spec): a recorded run stays valid when only a grid changes."""
+        return {k: getattr(self, k) for k in ("model_size", "seq", "max_predictions", "micro_batch", "gas",
+                                              "eval_every", "eval_examples", "dupe_factor", "ranks")}
+
     def check_budget(self) -> None:
         """Equal tuning budgets: the same number of runs (of the same length) for both optimizers."""
         lamb = len(self.lamb_lrs) * len(self.warmups)

@@ -58,8 +58,7 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds."""
     if record.is_file():
         old = json.loads(record.read_text())
-        same_regime = {k: v for k, v in old.get("regime", {}).items() if k != "notes"} == \
-            {k: v for k, v in json.loads(json.dumps(asdict(regime))).items() if k != "notes"}  # tuples → lists
+        same_regime = {k: old.get("regime", {}).get(k) for k in regime.run_key()} == regime.run_key()
         if old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256 and same_regime:
             logger.info("%s: recorded in %s; reused", spec.name, record)
             return dict(old)
@@ -73,7 +72,9 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     # one data cache per seed (bert_pretrain's --seed also seeds the masking); the evaluation sets inside it are
     # prepared with a fixed seed, so every run is evaluated on the same examples
     cache = work / "data" / f"{regime.model_size}_seq{regime.seq}_seed{spec.seed}"
-    args = train_args(spec, regime, parts, vocab=vocab, config=config, out=folder / "run", cache=cache)
+    # no valid record: whatever an earlier attempt left in the run folder is stale, so the run starts over
+    args = [*train_args(spec, regime, parts, vocab=vocab, config=config, out=folder / "run", cache=cache),
+            "--overwrite"]
     start = time.perf_counter()
     error = None
     try:

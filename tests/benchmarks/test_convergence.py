@@ -160,3 +160,25 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert small["plateau"] > 0 and small["report_target_entropy"] > 0
     assert (tmp_path / "results" / "small" / "final.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "results" / "final.json").read_text())["regimes"]["small"]["pairs"]
+
+
+@REAL_DATA
+def test_tuning_reuses_records_when_only_the_other_grid_changed_and_reruns_stale_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A LAMB tuning record stays valid when the K-FAC grid changes (it once was relaunched, failed on its existing
+    output folder and overwrote the good record with a failure); a run whose record is gone starts over."""
+    import dataclasses
+
+    from benchmarks.convergence import cli
+
+    main(["tune", "--regime", "small", *_common(tmp_path)])
+    lamb_record = next((tmp_path / "results" / "small" / "tune").glob("lamb_*.json"))
+    before = lamb_record.read_text()
+    changed = dataclasses.replace(REGIMES["small"], dampings=(REGIMES["small"].dampings[0] * 3,))
+    monkeypatch.setitem(cli.REGIMES, "small", changed)
+    main(["tune", "--regime", "small", *_common(tmp_path)])
+    assert lamb_record.read_text() == before  # reused, not relaunched
+    lamb_record.unlink()  # the run folder stays: the relaunch must start it over, not fail on it
+    main(["tune", "--regime", "small", *_common(tmp_path)])
+    record = json.loads(lamb_record.read_text())
+    assert record["error"] is None and record["curve"]["values"]
