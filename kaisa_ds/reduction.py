@@ -83,6 +83,11 @@ class WindowReducer:
         self._started: set[str] = set()
         self.launch_seconds = 0.0  # time spent starting buckets inside the hooks since the last step
 
+    @property
+    def started(self) -> int:
+        """Buckets (or whole-window reductions) started and not yet waited on."""
+        return len(self._flights)
+
     def check_open(self, factor: KroneckerFactor) -> None:
         """Raise when ``factor``'s window was already sent (a statistic would be lost)."""
         if factor.name in self._started:

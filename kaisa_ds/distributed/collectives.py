@@ -124,8 +124,10 @@ def start_scaled_allreduce(payloads: list[torch.Tensor], scales: torch.Tensor, *
     n = world_size()
     if n == 1:
         return PendingScaled(payloads, scales, (scales > 0).float(), 0, None)
-    gathered = scales.new_empty(n, scales.numel())
-    dist.all_gather_into_tensor(gathered, scales.contiguous(), group=group)
+    gathered = scales.new_empty(n * scales.numel())
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name first
+    gather(gathered, scales.contiguous(), group=group)
+    gathered = gathered.view(n, -1)
     common = gathered.amax(0)
     present = (gathered > 0).sum(0).float()
     ratio = torch.where(common > 0, scales / common, torch.zeros_like(scales))
