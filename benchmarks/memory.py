@@ -87,7 +87,8 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     accumulate()
     base_peak = peak_bytes(device)
     kfac = KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, grad_worker_fraction=cfg["fraction"],
-                              factor_dtype=cfg["factor_dtype"], inv_dtype=cfg["inv_dtype"], skip_layers=KAISA_SKIP, kl_clip=0.001, lr=0.01)
+                              factor_dtype=cfg["factor_dtype"], inv_dtype=cfg["inv_dtype"],
+                              skip_layers=KAISA_SKIP, kl_clip=0.001, lr=0.01)
     stored, window = 0, 0
     for _ in range(2):  # the second step is the steady state (the first also discovers shared inputs)
         accumulate()
