@@ -64,13 +64,16 @@ TOLERANCE = 0.01
 
 
 class PayloadCounter:
-    """Counts the bytes this rank hands to all_reduce/broadcast while a K-FAC stage is open."""
+    """Counts the bytes this rank hands to all_reduce/broadcast/all_gather while a K-FAC stage is open."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.stage: str | None = None
         self.sent = dict.fromkeys(COUNTERS, 0)
         self._originals = (dist.all_reduce, dist.broadcast)
+        # the scale all-gather of half-precision factors; torch has two names for it (collectives use the newer)
+        self._gathers = {n: getattr(dist, n) for n in ("all_gather_single", "all_gather_into_tensor")
+                         if hasattr(dist, n)}
 
     def install(self) -> None:
         all_reduce, broadcast = self._originals
@@ -84,10 +87,20 @@ class PayloadCounter:
                 self._add(tensor)
             return broadcast(tensor, src, *args, **kwargs)
 
+        def counted(gather: Any) -> Any:
+            def counted_all_gather(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+                self._add(tensor)  # what this rank contributes
+                return gather(output, tensor, *args, **kwargs)
+            return counted_all_gather
+
         dist.all_reduce, dist.broadcast = counted_all_reduce, counted_broadcast  # type: ignore[assignment]
+        for name, gather in self._gathers.items():
+            setattr(dist, name, counted(gather))
 
     def uninstall(self) -> None:
         dist.all_reduce, dist.broadcast = self._originals  # type: ignore[assignment]
+        for name, gather in self._gathers.items():
+            setattr(dist, name, gather)
 
     def _add(self, tensor: torch.Tensor) -> None:
         if self.stage in STAGE_OF:

@@ -5,16 +5,17 @@ start clean. Each runs a BERT (``--size``, K-FAC on the encoder only, KAISA's sk
 without K-FAC, then two K-FAC steps with factors and decompositions every step, each step made of ``passes``
 forward/backward passes of a fixed micro-batch before ``precond.step()``. Recorded per rank:
   factors stored   the running averages (``factor_dtype``), from ``precond.memory_usage()`` after a step;
-  window buffer    the open FP32 accumulation buffer of a factor-update window (memory_usage before the step
-                   minus after the previous one): one per factor, however many passes fill it;
-  decompositions   eigenvectors and eigenvalues this rank holds (``inv_dtype`` FP32);
+  window buffer    the open accumulation buffer of a factor-update window (memory_usage before the step
+                   minus after the previous one): one per factor, however many passes fill it; FP32 for FP32
+                   factors, the packed upper triangle in FP16/BF16 for half-precision factors;
+  decompositions   eigenvectors and eigenvalues this rank holds (in ``inv_dtype``, ``--inv-dtypes``);
   peak delta       how far K-FAC raised the process's peak memory above the baseline step's peak
                    (``ru_maxrss`` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU): it adds the statistics'
                    temporaries and the allocator's slack to the three figures above.
 Also counted: factors whose stored average is entirely zero and factors left without a decomposition (a
 storage dtype too narrow for the statistics: FP16 flushes the tiny G second moments to zero).
-Expected: every K-FAC figure flat in the number of passes; FP16/BF16 storage halves the stored factors (the
-FP32 window buffer stays); decompositions per rank shrink from COMM-OPT (every rank holds all) to MEM-OPT
+Expected: every K-FAC figure flat in the number of passes; FP16/BF16 storage halves the stored factors and
+quarters the window buffer; decompositions per rank shrink from COMM-OPT (every rank holds all) to MEM-OPT
 (about 1/world each), while every rank keeps all factors.
 
     python -m benchmarks.memory                        # BERT-mini, micro-batch 4 x 128, worlds 2 and 4
@@ -86,7 +87,8 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     accumulate()
     base_peak = peak_bytes(device)
     kfac = KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, grad_worker_fraction=cfg["fraction"],
-                              factor_dtype=cfg["factor_dtype"], skip_layers=KAISA_SKIP, kl_clip=0.001, lr=0.01)
+                              factor_dtype=cfg["factor_dtype"], inv_dtype=cfg["inv_dtype"],
+                              skip_layers=KAISA_SKIP, kl_clip=0.001, lr=0.01)
     stored, window = 0, 0
     for _ in range(2):  # the second step is the steady state (the first also discovers shared inputs)
         accumulate()
@@ -116,6 +118,7 @@ def row_of(cfg: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
     dec = [r["decompositions"] for r in ranks]
     return {"world": world, "strategy": strategy_name(cfg["fraction"], world), "fraction": cfg["fraction"],
             "grad_workers": first["grad_workers"], "passes": cfg["passes"], "factor_dtype": cfg["factor_dtype"],
+            "inv_dtype": cfg["inv_dtype"], "precision": f"{cfg['factor_dtype']}/{cfg['inv_dtype']}",
             "factors_stored_MB": first["factors_stored"] / MB, "window_buffer_MB": first["window_buffer"] / MB,
             "decompositions_MB_mean": sum(dec) / world / MB, "decompositions_MB_max": max(dec) / MB,
             "decompositions_all_MB": first["decompositions_all"] / MB,
@@ -132,13 +135,15 @@ def summarise(single: list[dict[str, Any]], dist_rows: list[dict[str, Any]]) -> 
     out: dict[str, Any] = {}
     by_dtype: dict[str, list[dict[str, Any]]] = {}
     for r in single:
-        by_dtype.setdefault(r["factor_dtype"], []).append(r)
+        by_dtype.setdefault(r["precision"], []).append(r)
     out["kfac_MB_spread_over_passes"] = {d: max(r["kfac_MB_per_rank_max"] for r in rs)
                                          - min(r["kfac_MB_per_rank_max"] for r in rs) for d, rs in by_dtype.items()}
     out["peak_delta_MB_by_passes"] = {d: {r["passes"]: r["peak_delta_MB_max"] for r in rs}
                                       for d, rs in by_dtype.items()}
-    if "fp32" in by_dtype:
-        fp32 = by_dtype["fp32"][0]
+    if "fp32/fp32" in by_dtype:
+        fp32 = by_dtype["fp32/fp32"][0]
+        out["kfac_MB_ratio_to_fp32"] = {d: rs[0]["kfac_MB_per_rank_max"] / fp32["kfac_MB_per_rank_max"]
+                                        for d, rs in by_dtype.items()}
         out["stored_factor_ratio_to_fp32"] = {d: rs[0]["factors_stored_MB"] / fp32["factors_stored_MB"]
                                               for d, rs in by_dtype.items()}
         out["factor_memory_with_window_ratio_to_fp32"] = {
@@ -162,14 +167,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--passes", type=int, nargs="+", default=[1, 2, 4, 8], help="accumulation passes per step")
     p.add_argument("--dtypes", nargs="+", default=["fp32", "fp16", "bf16"], choices=["fp32", "fp16", "bf16"],
                    help="factor storage dtypes")
+    p.add_argument("--inv-dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "fp16", "bf16"],
+                   help="decomposition storage dtypes (inv_dtype) of the half-precision rows; FP32 factors: fp32 only")
     p.add_argument("--worlds", type=int, nargs="*", default=[2, 4], help="world sizes for the fraction sweep")
     p.add_argument("--parallel", type=int, default=2, help="single-process configurations run at once")
     p.add_argument("--device", default="cpu", help="device of the single-process runs (distributed: always CPU)")
     args = p.parse_args(argv)
     base = {"size": args.size, "vocab": args.vocab, "batch": args.batch, "seq": args.seq, "device": args.device,
-            "fraction": 1.0, "passes": 1, "factor_dtype": "fp32"}
-    jobs: list[tuple[dict[str, Any], int]] = [({**base, "factor_dtype": d, "passes": n}, 1)
-                                              for d in args.dtypes for n in args.passes]
+            "fraction": 1.0, "passes": 1, "factor_dtype": "fp32", "inv_dtype": "fp32"}
+    jobs: list[tuple[dict[str, Any], int]] = [({**base, "factor_dtype": d, "inv_dtype": i, "passes": n}, 1)
+                                              for d in args.dtypes for i in args.inv_dtypes for n in args.passes
+                                              if d != "fp32" or i == "fp32"]
     for world in args.worlds:
         divisors = [k for k in range(1, world + 1) if world % k == 0]
         jobs += [({**base, "fraction": k / world}, world) for k in divisors]
@@ -183,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     info = machine()
     print(f"K-FAC memory, BERT-{args.size} ({single[0]['layers'] if single else ''} K-FAC layers), micro-batch "
           f"{args.batch}x{args.seq}\n{machine_line(info)}\n")
-    cols = ["factor_dtype", "passes", "factors_stored_MB", "window_buffer_MB", "decompositions_MB_max",
+    cols = ["factor_dtype", "inv_dtype", "passes", "factors_stored_MB", "window_buffer_MB", "decompositions_MB_max",
             "kfac_MB_per_rank_max", "peak_delta_MB_max", "all_zero_factors", "missing_decompositions"]
     if single:
         print(table(single, cols) + "\n")

@@ -88,6 +88,8 @@ class KFACConfig:
     skip_layers: tuple[str, ...] | list[str] | str = ()
     symmetry_aware: bool = False
     allreduce_bucket_cap_mb: float = 25.0
+    overlap_factor_reduction: bool = True
+    accumulation_steps: int | None = None  # backward passes per step(); None: unknown, so no overlap
     loss_scale: Callable[[], float] | None = None
     loss_reduction: LossReduction | str = LossReduction.MEAN
     factor_sample_fraction: float = 1.0
@@ -112,6 +114,13 @@ class KFACConfig:
             raise ValueError(f"skip_layers contains an invalid regular expression: {exc}") from exc
         if not isinstance(self.symmetry_aware, bool):
             raise ValueError(f"symmetry_aware={self.symmetry_aware!r} is not valid; allowed: true or false")
+        if not isinstance(self.overlap_factor_reduction, bool):
+            raise ValueError(f"overlap_factor_reduction={self.overlap_factor_reduction!r} is not valid; allowed: true "
+                             "or false")
+        steps = self.accumulation_steps
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"accumulation_steps={steps!r} is not valid; allowed: an integer >= 1 (backward passes "
+                             "per step(); under DeepSpeed it is taken from gradient_accumulation_steps) or null")
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")

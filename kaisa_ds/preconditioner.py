@@ -26,6 +26,7 @@ from kaisa_ds.factors.sampling import RowSampler
 from kaisa_ds.factors.statistics import Rows, keep_all
 from kaisa_ds.layers import KFACLayer, discover_layers
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
+from kaisa_ds.reduction import WindowReducer
 from kaisa_ds.state import export_state, validate_state
 from kaisa_ds.step import STAGES, GradWatermark, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info
@@ -63,6 +64,11 @@ class KFACPreconditioner:
         self.diagnostics = Diagnostics()
         self.timer = StageTimer()
         self.comm_bytes: dict[str, int] = {}
+        # factor reductions started in backward hooks get a process group of their own (a collective: every rank
+        # builds the preconditioner), so they never interleave with the engine's gradient all-reduces
+        self._reduce_group = (torch.distributed.new_group() if self.world > 1 and self.config.overlap_factor_reduction
+                              else None)
+        self._reducer: WindowReducer | None = None
         self._capture_cache: tuple[int, bool] = (-1, False)
         self.capture = HookCapture(enabled=self._capturing, on_input=self._on_input, on_output_grad=self._on_grad)
         self.candidates: dict[str, KFACLayer] = discover_layers(model, self.config)
@@ -102,6 +108,8 @@ class KFACPreconditioner:
             # a later reader of a shared A factor whose first reader counted this very tensor in this pass; the
             # first reader always counts (the same tensor object fed again on a later pass is a new pass)
             return
+        if self._reducer is not None:
+            self._reducer.check_open(layer.a)
         layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
         layer.a.mark_counted(inp)
 
@@ -109,9 +117,13 @@ class KFACPreconditioner:
         layer = self.layers.get(name)
         if layer is None:
             return
+        if self._reducer is not None:
+            self._reducer.check_open(layer.g)
         stat, count = layer.helper.g_statistic(grad, self._select(layer.g))
         per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
         layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
+        if self._reducer is not None:  # on the window's last pass this may start a bucket's all-reduce
+            self._reducer.grad_complete(name, layer.g)
 
     def take_capture_seconds(self) -> float:
         """Seconds spent in the hooks since the last call (reported as the step's factor_capture stage)."""
@@ -141,6 +153,8 @@ class KFACPreconditioner:
                            "directly, e.g. nn.MultiheadAttention.out_proj)", name)
             self.capture.detach(name)
         self.structure = structure
+        self._reducer = WindowReducer({n: (ly.a, ly.g) for n, ly in structure.layers.items()}, config=self.config,
+                                      world=self.world, group=self._reduce_group)
         self.decompositions = {f: d for f, d in self.decompositions.items() if structure.holds(f, self.rank)}
         self.grouped.invalidate()
 
@@ -162,6 +176,13 @@ class KFACPreconditioner:
         """Drop the statistics gathered since the last step (e.g. when the optimizer skipped it)."""
         for f in self.factors().values():
             f.discard()
+        if self._reducer is not None:
+            self._reducer.reset()
+
+    def window_reducer(self) -> WindowReducer:
+        """The reduction of the factor windows of the installed structure."""
+        assert self._reducer is not None, "the structure is built before any window is reduced"
+        return self._reducer
 
     # ------------------------------------------------------------- reporting
     @property
@@ -217,6 +238,7 @@ class KFACPreconditioner:
                     facs[name].restore(saved_factor, device)
             self.candidates = fresh
         self.structure = None
+        self._reducer = None
         self.decompositions = {}
         self._attach_all()
         if structure is not None:

@@ -16,10 +16,10 @@ import torch
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
-from kaisa_ds.distributed.collectives import allreduce_mean
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.precondition.apply import kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
+from kaisa_ds.reduction import WindowReducer
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
 
@@ -54,6 +54,8 @@ class StepOwner(Protocol):
 
     def take_capture_seconds(self) -> float: ...
 
+    def window_reducer(self) -> WindowReducer: ...
+
 
 class GradWatermark:
     """Remembers the gradient tensors a step wrote, to notice a second step without a new backward pass.
@@ -79,31 +81,17 @@ class GradWatermark:
             ref() is g and g._version == version for (ref, version), g in zip(self._seen, grads))
 
 
-def reduce_window(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
-    """All-reduce (average) the window statistics of every factor; factors no rank captured are left out.
+def reduce_window(p: StepOwner, s: LayerStructure) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+    """All-reduce (average) the window statistics of every factor (waiting on buckets the backward pass
+    started); factors no rank captured are left out. Values are ``(payload, scale)``: see
+    :meth:`~kaisa_ds.factors.factor.KroneckerFactor.window_payload`.
 
     Ranks that captured nothing for a factor send zeros; a per-factor count of contributing ranks
     keeps the average exact, and keeps every rank's bucket layout identical.
     """
-    factors = list(s.factors().values())
-    means = [f.window_mean() for f in factors]
-    if not any(m is not None for m in means):
-        return {}
-    device = next(m for m in means if m is not None).device
-    tensors = [m if m is not None else torch.zeros(f.dim if f.diagonal else (f.dim, f.dim), device=device)
-               for f, m in zip(factors, means)]
-    present = torch.tensor([float(m is not None) for m in means], device=device)
-    symmetric = [p.config.symmetry_aware and not f.diagonal for f in factors] + [False]
-    reduced, sent = allreduce_mean(tensors + [present], bucket_cap_mb=p.config.allreduce_bucket_cap_mb,
-                                   symmetric=symmetric)
+    reduced, sent = p.window_reducer().finish(s.factors())
     p.comm_bytes["factor_allreduce"] = p.comm_bytes.get("factor_allreduce", 0) + sent
-    if p.world > 1:
-        counts = reduced[-1] * p.world
-        reduced = [r * (p.world / c.clamp(min=1)) for r, c in zip(reduced[:-1], counts)]
-        keep = [bool(c > 0) for c in counts.tolist()]
-    else:
-        keep = [m is not None for m in means]
-    return {f.name: r for f, r, k in zip(factors, reduced, keep) if k}
+    return reduced
 
 
 def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
@@ -226,7 +214,8 @@ def run_step(p: StepOwner) -> None:
                            "precond.step() (the step counter and the statistics are unchanged)")
     with timer.stage("factor_reduction"):
         window = reduce_window(p, s) if step % p.config.value("factor_update_steps", step) == 0 else {}
-    if not all_finite(list(window.values()) + list(grads.values())):
+    checked = [t for pair in window.values() for t in pair if t is not None]
+    if not all_finite(checked + list(grads.values())):
         p.skipped_windows += 1
         p.discard_window()
         logger.warning("K-FAC: non-finite statistics or gradients at step %d; window dropped on every rank "
@@ -235,8 +224,8 @@ def run_step(p: StepOwner) -> None:
         return
     decay = p.config.value("factor_decay", step)
     factors = s.factors()
-    for name, stat in window.items():
-        factors[name].commit(stat, decay)
+    for name, (stat, stat_scale) in window.items():
+        factors[name].commit(stat, decay, stat_scale)
     p.discard_window()
     if step % p.config.value("inv_update_steps", step) == 0 or p.needs_decomposition:
         with timer.stage("decomposition"):

@@ -7,10 +7,13 @@ can travel as their upper triangle only (``symmetry_aware``), roughly halving fa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from kaisa_ds.factors.symmetric import pack_symmetric, unpack_symmetric
 
 try:  # NVIDIA Apex's C extension, only when it is really installed
     import apex_C  # type: ignore[import-not-found]
@@ -21,29 +24,8 @@ except ImportError:  # pragma: no cover - depends on the environment
     flatten, unflatten = _flatten_dense_tensors, _unflatten_dense_tensors
     FLATTEN_IMPL = "torch"
 
-_TRIU_CACHE: dict[tuple[int, str], torch.Tensor] = {}
-
-
-def _triu_index(n: int, device: torch.device) -> torch.Tensor:
-    key = (n, str(device))
-    if key not in _TRIU_CACHE:
-        r, c = torch.triu_indices(n, n, device=device)
-        _TRIU_CACHE[key] = r * n + c
-    return _TRIU_CACHE[key]
-
-
-def pack_symmetric(t: torch.Tensor) -> torch.Tensor:
-    """The upper triangle (with diagonal) of a square matrix as a vector."""
-    return t.reshape(-1).index_select(0, _triu_index(t.shape[0], t.device))
-
-
-def unpack_symmetric(vec: torch.Tensor, n: int) -> torch.Tensor:
-    """Rebuild the full symmetric matrix from :func:`pack_symmetric`'s vector."""
-    out = vec.new_zeros(n * n)
-    out.index_copy_(0, _triu_index(n, vec.device), vec)
-    m = out.view(n, n)
-    return m + m.triu(1).t()
-
+__all__ = ["FLATTEN_IMPL", "PendingMean", "PendingScaled", "allreduce_mean", "broadcast_flat", "pack_symmetric",
+           "rank", "start_allreduce_mean", "start_scaled_allreduce", "unpack_symmetric", "world_size"]
 
 def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -66,26 +48,97 @@ def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[int]]
     return [b for b in buckets if b]
 
 
-def allreduce_mean(tensors: list[torch.Tensor], *, bucket_cap_mb: float, symmetric: Sequence[bool],
-                   group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], int]:
-    """Average tensors across ranks in flattened buckets; returns the results and bytes sent."""
+@dataclass
+class PendingMean:
+    """All-reduces in flight (one per bucket); :meth:`wait` averages and unpacks them."""
+
+    tensors: list[torch.Tensor]
+    symmetric: Sequence[bool]
+    packed: list[torch.Tensor]
+    world: int
+    sent: int
+    flights: list[tuple[list[int], torch.Tensor, object]] = field(default_factory=list)
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.world == 1:
+            return self.tensors
+        results: list[torch.Tensor | None] = [None] * len(self.tensors)
+        for bucket, flat, work in self.flights:
+            work.wait()  # type: ignore[attr-defined]
+            flat.div_(self.world)
+            for i, vec in zip(bucket, unflatten(flat, [self.packed[i] for i in bucket])):
+                t = self.tensors[i]
+                results[i] = unpack_symmetric(vec, t.shape[0]) if self.symmetric[i] else vec.view_as(t)
+        return [r for r in results if r is not None]
+
+
+def start_allreduce_mean(tensors: list[torch.Tensor], *, bucket_cap_mb: float, symmetric: Sequence[bool],
+                         group: dist.ProcessGroup | None = None) -> PendingMean:
+    """Start averaging tensors across ranks in flattened buckets (asynchronously); ``wait()`` for the results."""
     packed = [pack_symmetric(t) if sym else t.reshape(-1) for t, sym in zip(tensors, symmetric)]
     sent = sum(p.numel() * p.element_size() for p in packed)
     n = world_size()
+    pending = PendingMean(tensors, symmetric, packed, n, sent if n > 1 else 0)
+    if n > 1:
+        for bucket in _buckets(packed, int(bucket_cap_mb * 2**20)):
+            flat = flatten([packed[i] for i in bucket])
+            pending.flights.append((bucket, flat, dist.all_reduce(flat, group=group, async_op=True)))
+    return pending
+
+
+def allreduce_mean(tensors: list[torch.Tensor], *, bucket_cap_mb: float, symmetric: Sequence[bool],
+                   group: dist.ProcessGroup | None = None) -> tuple[list[torch.Tensor], int]:
+    """Average tensors across ranks in flattened buckets; returns the results and bytes sent."""
+    pending = start_allreduce_mean(tensors, bucket_cap_mb=bucket_cap_mb, symmetric=symmetric, group=group)
+    return pending.wait(), pending.sent
+
+
+@dataclass
+class PendingScaled:
+    """A half-precision all-reduce in flight; :meth:`wait` gives each payload (a view of the summed buffer)
+    and its FP32 scale, already divided by the number of ranks that contributed."""
+
+    values: list[torch.Tensor]  # views of the flat buffer being summed (the payloads themselves at world 1)
+    scales: torch.Tensor  # common scale per payload (max over ranks), divided by the contributing ranks
+    present: torch.Tensor  # contributing ranks per payload
+    sent: int
+    work: object | None
+
+    def wait(self) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+        if self.work is not None:
+            self.work.wait()  # type: ignore[attr-defined]
+        return self.values, self.scales, self.present
+
+
+def start_scaled_allreduce(payloads: list[torch.Tensor], scales: torch.Tensor, *,
+                           group: dist.ProcessGroup | None = None) -> PendingScaled:
+    """Start summing half-precision payloads (``payload · scale`` is a rank's value; scale 0: no value).
+
+    The ranks first agree on a common scale per payload, the largest of theirs (one all-gather of the FP32
+    scales, which also counts the contributing ranks); each rank then sends ``payload · (own / common)``,
+    rounded once to the payload dtype, so every entry sent is at most 1 in magnitude and the sum at most the
+    world size: no overflow in FP16 up to 65504 ranks, no flush of small statistics to zero beyond what the
+    payload dtype already loses. The sum travels in the payload dtype (flattened, one all-reduce), asynchronously.
+    """
+    sizes = [p.numel() for p in payloads]
+    n = world_size()
     if n == 1:
-        return tensors, 0
-    results: list[torch.Tensor | None] = [None] * len(tensors)
-    pending = []
-    for bucket in _buckets(packed, int(bucket_cap_mb * 2**20)):
-        flat = flatten([packed[i] for i in bucket])
-        pending.append((bucket, flat, dist.all_reduce(flat, group=group, async_op=True)))
-    for bucket, flat, work in pending:
-        work.wait()
-        flat.div_(n)
-        for i, vec in zip(bucket, unflatten(flat, [packed[i] for i in bucket])):
-            t = tensors[i]
-            results[i] = unpack_symmetric(vec, t.shape[0]) if symmetric[i] else vec.view_as(t)
-    return [r for r in results if r is not None], sent
+        return PendingScaled(payloads, scales, (scales > 0).float(), 0, None)
+    gathered = scales.new_empty(n * scales.numel())
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name first
+    gather(gathered, scales.contiguous(), group=group)
+    gathered = gathered.view(n, -1)
+    common = gathered.amax(0)
+    present = (gathered > 0).sum(0).float()
+    ratio = torch.where(common > 0, scales / common, torch.zeros_like(scales))
+    dtype = payloads[0].dtype
+    flat = torch.empty(sum(sizes), dtype=dtype, device=payloads[0].device)
+    views = list(flat.split(sizes))
+    torch._foreach_copy_(views, [p.reshape(-1) for p in payloads])
+    torch._foreach_mul_(views, list(ratio.unbind(0)))
+    work = dist.all_reduce(flat, group=group, async_op=True)
+    sent = flat.numel() * flat.element_size() + gathered.numel() * gathered.element_size() // n
+    return PendingScaled(views, common / present.clamp(min=1), present, sent, work)
 
 
 def broadcast_flat(tensors: list[torch.Tensor], *, src: int, group: dist.ProcessGroup | None) -> list[torch.Tensor]:

@@ -81,7 +81,8 @@ def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPrec
     kfac = KFACPreconditioner(
         engine.module, config=config, grad_accessor=EngineGradAccessor(zero_stage=engine.zero_optimization_stage()),
         loss_scale=lambda: float(getattr(engine.optimizer, "loss_scale", 1.0)),
-        lr=lambda step: float(engine.get_lr()[0]))
+        lr=lambda step: float(engine.get_lr()[0]),
+        accumulation_steps=int(engine.gradient_accumulation_steps()))  # the last pass starts factor reductions
     wrap_checkpointing(engine, kfac)
     wrap_step(engine, kfac, auto_step=auto_step)
     logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s)",

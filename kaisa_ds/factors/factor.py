@@ -1,4 +1,4 @@
-"""One Kronecker factor: a per-window FP32 accumulator plus a running average in its storage dtype."""
+"""One Kronecker factor: a per-window accumulator plus a running average in its storage dtype."""
 
 from __future__ import annotations
 
@@ -6,13 +6,18 @@ import weakref
 
 import torch
 
+from kaisa_ds.factors.symmetric import unpack_symmetric
+from kaisa_ds.factors.window import HALF, ExactWindow, ScaledWindow
+
 
 class KroneckerFactor:
     """A (or G) factor of one or more layers.
 
-    Each forward/backward pass of an update window adds ``(Σ x xᵀ, n)`` to one FP32 buffer, so memory
-    does not grow with the number of accumulation passes. :meth:`window_mean` turns the window into
-    ``E[x xᵀ]`` over all its samples (times ``passes²`` for gradients of a loss averaged over passes).
+    Each forward/backward pass of an update window adds ``(Σ x xᵀ, n)`` to one buffer, so memory does not
+    grow with the number of accumulation passes: FP32 for FP32/FP64 storage, and for FP16/BF16 storage the
+    upper triangle in the storage dtype, scaled by a power of two (:mod:`kaisa_ds.factors.window`).
+    :meth:`window_payload` gives the window's ``E[x xᵀ]`` over all its samples (times ``passes²`` for
+    gradients of a loss averaged over passes) as ``(tensor, scale)``: ``tensor · scale`` is the mean.
     :meth:`commit` folds it into the running average ``F ← ξ F + (1 − ξ) F_new``; the average is
     initialised with the first committed window (no identity or zero prior).
 
@@ -32,9 +37,7 @@ class KroneckerFactor:
         self._stored: torch.Tensor | None = None  # running average, divided by _scale when half precision
         self._scale: torch.Tensor | None = None  # FP32 scalar; None when stored unscaled
         self.updates = 0
-        self._sum: torch.Tensor | None = None
-        self._count = 0
-        self._passes = 0
+        self._window = self._new_window()
         self._last_input: weakref.ref[torch.Tensor] | None = None
 
     def already_counted(self, inp: torch.Tensor) -> bool:
@@ -44,34 +47,49 @@ class KroneckerFactor:
     def mark_counted(self, inp: torch.Tensor) -> None:
         self._last_input = weakref.ref(inp)
 
+    def _new_window(self) -> ExactWindow | ScaledWindow:
+        if self.storage_dtype in HALF:
+            return ScaledWindow(self.storage_dtype, diagonal=self.diagonal)  # type: ignore[arg-type]
+        return ExactWindow()
+
     @property
     def passes(self) -> int:
         """Forward (A) or backward (G) passes added to the open window so far."""
-        return self._passes
+        return self._window.passes
 
     @property
     def has_window(self) -> bool:
-        return self._sum is not None
+        return self._window.sum is not None
+
+    @property
+    def window_packed(self) -> bool:
+        """Whether :meth:`window_payload` is the upper triangle (half-precision windows of square factors)."""
+        return self._window.packed
 
     def add(self, stat_sum: torch.Tensor, count: int) -> None:
-        """Add one pass's statistic sum (FP32) over ``count`` samples to the window."""
-        if self._sum is None:
-            self._sum = stat_sum.clone() if stat_sum.dtype == torch.float32 else stat_sum.float()
-        else:
-            self._sum.add_(stat_sum)
-        self._count += count
-        self._passes += 1
+        """Add one pass's statistic sum (FP32, consumed) over ``count`` samples to the window."""
+        self._window.add(stat_sum, count)
+
+    def window_payload(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The window's ``E[x xᵀ]`` as ``(tensor, scale)`` (scale None: FP32 and already the mean; else the
+        packed half-precision sum and its FP32 factor); None when nothing was captured."""
+        return self._window.payload(self.scale_by_passes)
 
     def window_mean(self) -> torch.Tensor | None:
-        """The window's ``E[x xᵀ]`` in FP32 (None when nothing was captured)."""
-        if self._sum is None or self._count == 0:
-            return None
-        scale = (self._passes**2 if self.scale_by_passes else 1) / self._count
-        return self._sum.mul_(scale)
+        """The window's ``E[x xᵀ]`` as a full FP32 matrix (None when nothing was captured)."""
+        got = self.window_payload()
+        return None if got is None else self.expand(*got)
+
+    def expand(self, tensor: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """A (reduced) window payload as the full FP32 matrix (a vector for diagonal factors)."""
+        if scale is None:
+            return tensor
+        full = unpack_symmetric(tensor, self.dim) if self.window_packed else tensor
+        return full.float().mul_(scale)
 
     def discard(self) -> None:
         """Drop the current window's statistics."""
-        self._sum, self._count, self._passes = None, 0, 0
+        self._window = self._new_window()
 
     @property
     def has_value(self) -> bool:
@@ -99,8 +117,11 @@ class KroneckerFactor:
         scale = torch.exp2(torch.ceil(torch.log2(peak)))  # power of two: exact to divide and multiply back
         self._stored, self._scale = full.div_(scale).to(dtype), scale
 
-    def commit(self, new: torch.Tensor, decay: float) -> None:
-        """Fold a (reduced) window statistic into the running average and clear the window."""
+    def commit(self, new: torch.Tensor, decay: float, scale: torch.Tensor | None = None) -> None:
+        """Fold a (reduced) window statistic into the running average and clear the window; a ``scale``
+        means ``new`` is a half-precision payload of :meth:`window_payload`'s form."""
+        if scale is not None:
+            new = self.expand(new, scale)
         current = self._stored
         if current is None:
             self.value = new
@@ -137,5 +158,4 @@ class KroneckerFactor:
 
     def nbytes(self) -> int:
         stored = self._stored.numel() * self._stored.element_size() if self._stored is not None else 0
-        window = self._sum.numel() * self._sum.element_size() if self._sum is not None else 0
-        return stored + window
+        return stored + self._window.nbytes()

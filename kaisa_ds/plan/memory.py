@@ -26,15 +26,19 @@ def factor_dtype(config: KFACConfig) -> torch.dtype:
     return config.storage_dtype or torch.float32
 
 
-def window_dtype(config: KFACConfig) -> torch.dtype:
-    """The dtype of the open accumulation window (one buffer per factor, however many passes fill it).
+HALF = (torch.float16, torch.bfloat16)
 
-    Today :class:`~kaisa_ds.factors.factor.KroneckerFactor` accumulates every window in FP32 whatever
-    ``factor_dtype`` says (FP64 storage keeps an FP32 window too). When the window moves to ``factor_dtype``
-    for FP16/BF16 factors, change this one function; the planner's tests compare it with the measured buffer.
+
+def window_bytes(shapes: ModelShapes, config: KFACConfig) -> int:
+    """Bytes of the open accumulation windows (one buffer per factor, however many passes fill it).
+
+    FP32 (or FP64) factors keep an FP32 ``n×n`` window (a vector for a diagonal factor); FP16/BF16 factors keep
+    their window in the storage dtype, as the packed upper triangle (:class:`kaisa_ds.factors.window.ScaledWindow`).
     """
-    del config  # the rule does not depend on the configuration yet
-    return torch.float32
+    half = config.storage_dtype in HALF
+    size = element_size(config.storage_dtype) if half else 4  # type: ignore[arg-type]
+    return size * sum(f.dim if f.diagonal else (f.dim * (f.dim + 1) // 2 if half else f.numel)
+                      for f in shapes.factors.values())
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACCon
     method = config.method.value
     inv = element_size(config.inv_dtype)  # type: ignore[arg-type]
     stored = sum(f.numel for f in shapes.factors.values()) * element_size(factor_dtype(config))
-    window = sum(f.numel for f in shapes.factors.values()) * element_size(window_dtype(config))
+    window = window_bytes(shapes, config)
     unit_layers = shapes.unit_layers()
     unit_factors: dict[str, list[str]] = {u.name: [f for f, _, _ in u.factors] for u in shapes.work}
     out = []

@@ -11,7 +11,15 @@ from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank
 from kaisa_ds.plan.overhead import Rates
 from kaisa_ds.plan.shapes import ModelShapes
-from kaisa_ds.plan.traffic import STAGES, STEP_KINDS, payload_per_rank, runs, statistics_dtype, step_counts
+from kaisa_ds.plan.traffic import (
+    STAGES,
+    STEP_KINDS,
+    payload_per_rank,
+    runs,
+    statistics_dtype,
+    statistics_packed,
+    step_counts,
+)
 
 MEMORY_PARTS = ("factors", "window", "decompositions", "denominators")
 
@@ -32,7 +40,7 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig) -> dict[str,
         factors={n: (f.dim, f.diagonal) for n, f in shapes.factors.items()},
         layers={n: (ly.grad_numel, ly.unit) for n, ly in shapes.layers.items()},
         inverse_worker=a.inverse_worker, unit_group=a.unit_group, world=a.world, grad_workers=a.grad_workers,
-        symmetric=config.symmetry_aware, method=config.method.value,
+        symmetric=statistics_packed(config), method=config.method.value,
         stat_bytes=element_size(statistics_dtype(config)), inv_bytes=element_size(config.inv_dtype))  # type: ignore[arg-type]
     period, counts = step_counts(config.value("factor_update_steps", 0), config.value("inv_update_steps", 0))
     kinds = {k.name: k for k in STEP_KINDS if k.name in counts}

@@ -32,9 +32,15 @@ GRADIENT_BYTES = 4  # preconditioned gradients travel in FP32
 
 
 def statistics_dtype(config: KFACConfig) -> torch.dtype:
-    """The dtype factor statistics are all-reduced in: FP32 today, whatever ``factor_dtype`` says."""
-    del config
-    return torch.float32
+    """The dtype factor statistics are all-reduced in: FP16/BF16 factors travel in their storage dtype (with a
+    per-factor FP32 scale, whose all-gather takes the place of FP32 statistics' presence flags), others in FP32."""
+    dtype = config.storage_dtype
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.float32
+
+
+def statistics_packed(config: KFACConfig) -> bool:
+    """Whether statistics travel as upper triangles: with ``symmetry_aware``, and always in half precision."""
+    return config.symmetry_aware or statistics_dtype(config) != torch.float32
 
 
 def factor_payload(n: int, diagonal: bool, *, symmetric: bool) -> int:

@@ -34,7 +34,7 @@ def test_query_key_value_share_one_a_factor_counted_once() -> None:
     assert len(precond.factors()) == 2 * 5 - 2  # 5 layers, two A factors folded into query's
     model.zero_grad()
     model(ids).sum().backward()
-    assert a._passes == 1  # the shared input was counted once, not three times
+    assert a.passes == 1  # the shared input was counted once, not three times
 
 
 def test_factor_update_interval_limits_capture() -> None:

@@ -105,6 +105,9 @@ class _FakeEngine:
     def is_gradient_accumulation_boundary(self) -> bool:
         return True
 
+    def gradient_accumulation_steps(self) -> int:
+        return 1
+
     def steps_per_print(self) -> int:
         return 1000
 

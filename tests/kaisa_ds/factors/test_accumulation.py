@@ -159,3 +159,45 @@ def test_a_factor_counts_a_batch_fed_again_as_the_same_tensor(same_object: bool)
     # same ids both steps: with decay 0.5 the running average stays the per-step statistic, whatever the weights
     torch.testing.assert_close(snapshots[1][emb], snapshots[0][emb])
     assert precond.layers[emb].a.updates == 2
+
+
+# Half-precision windows (kaisa_ds.factors.window): each pass rounds the window sum once to the storage dtype
+# (unit roundoff u = 2^-11 FP16, 2^-8 BF16) relative to the window's bound, and the stored average once more.
+# Documented tolerances, relative to each factor's largest entry: FP16 4 passes 4e-3, BF16 3e-2.
+HALF_TOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
+
+def _close_to_peak(got: torch.Tensor, want: torch.Tensor, tol: float, key: str) -> None:
+    err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    assert err <= tol, f"{key}: {err:.2e} of the largest entry (tolerance {tol:.0e})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(("passes", "scale"), [(4, 1.0), (2, 65536.0), (1, 1e-4)])
+def test_half_windows_keep_the_pass_and_loss_scale_invariance(dtype: torch.dtype, passes: int, scale: float) -> None:
+    ref = _factors_after_one_step(1)  # FP32, one pass
+    got = _factors_after_one_step(passes, scale, factor_dtype=dtype)
+    for key in ref:
+        if key != "grad":
+            _close_to_peak(got[key], ref[key], HALF_TOL[dtype], key)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_window_is_a_packed_half_triangle_however_many_passes(dtype: torch.dtype) -> None:
+    f = KroneckerFactor("g", 16, diagonal=False, storage_dtype=dtype, scale_by_passes=False)
+    for _ in range(20):
+        f.add(_realistic_g(16, 1e-9, 0), 4)
+        assert f.nbytes() == 16 * 17 // 2 * 2  # no FP32 copy, no full square
+    assert f.window_packed
+
+
+@pytest.mark.parametrize("magnitude", [1e-12, 1e6])
+def test_fp16_window_neither_underflows_nor_overflows_over_many_passes(magnitude: float) -> None:
+    """G sums of 1e-12 are below FP16's range, 200 passes of 1e6 far above it: the scaled window holds both."""
+    f = KroneckerFactor("g", 24, diagonal=False, storage_dtype=torch.float16, scale_by_passes=False)
+    stats = [_realistic_g(24, magnitude * (1 + i % 7), i) for i in range(200)]
+    for s in stats:
+        f.add(s.clone(), 2)
+    got, want = f.window_mean(), sum(stats) / 400
+    assert got is not None and torch.isfinite(got).all()
+    _close_to_peak(got, want, 200 * 2**-11 / 4, "window")  # k·u·B bound, B ≈ 4x the mean's peak here
