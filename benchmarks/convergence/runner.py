@@ -3,7 +3,8 @@
 Each run trains on the training part only and is evaluated on exactly one other part (``tune`` while tuning,
 ``report`` for the final figures), so a tuning choice cannot see the report part and a reported figure cannot
 come from the tuning part. Its record (settings, curve, the command) is written as JSON; a record already there
-with the same settings (run and regime) is reused, so an interrupted tuning sweep continues where it stopped.
+with the same settings (run and regime) and no error is reused, so an interrupted tuning sweep continues where it
+stopped.
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     if record.is_file():
         old = json.loads(record.read_text())
         same_regime = {k: old.get("regime", {}).get(k) for k in regime.run_key()} == regime.run_key()
-        if old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256 and same_regime:
+        # a failed record is not reused: the failure may have been the machine's (a killed launcher, a broken
+        # environment), and a diverging run fails again quickly
+        if (old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256 and same_regime
+                and old.get("error") is None):
             logger.info("%s: recorded in %s; reused", spec.name, record)
             return dict(old)
     from mission.jobs import launch
