@@ -62,3 +62,16 @@ class TinyWithUnusedHead(nn.Module):
         out = self.body(ids)
         self.head(out)  # computed, unused
         return out
+
+
+class TinyStack(nn.Module):
+    """``depth`` equal Linear layers (tanh between): factors of equal size, so work splits evenly over ranks."""
+
+    def __init__(self, width: int = 48, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        return self.layers[-1](x)  # type: ignore[no-any-return]
