@@ -149,10 +149,14 @@ def assemble(folder: Path, meta: dict[str, Any], *, decompositions: Callable[[st
     return state
 
 
-def load_shards(p: KFACPreconditioner, folder: Path) -> None:
+def load_shards(p: KFACPreconditioner, folder: Path, *, steps: int | None = None) -> None:
     """Restore ``folder``'s sharded state into ``p`` at this run's world size (a collective). ValueError naming the
-    file when it is incomplete or belongs to another model (``p`` is unchanged then)."""
+    file when it is incomplete, belongs to another model or (``steps`` given) to another save (``p`` is unchanged
+    then)."""
     meta = read_meta(folder)
+    if steps is not None and meta["steps"] != steps:
+        raise ValueError(f"{folder / META} is from K-FAC step {meta['steps']}, the checkpoint from step {steps}: the "
+                         "index belongs to another save of this folder")
     try:
         p.load_state_dict(assemble(folder, meta, decompositions=lambda f: False))
     except ValueError as exc:

@@ -54,11 +54,7 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
         client_state = client_state if client_state is not None else {}
         record, gathered = client_state.pop(SHARDS_KEY, None), client_state.pop(CLIENT_KEY, None)
         if record is not None:
-            folder = Path(path).parent
-            load_shards(kfac, folder)  # its errors name the shard file
-            if kfac.steps != int(record["steps"]):
-                raise ValueError(f"{folder / META} is from K-FAC step {kfac.steps}, the checkpoint from step "
-                                 f"{record['steps']}: the index belongs to another save of this tag")
+            load_shards(kfac, Path(path).parent, steps=int(record["steps"]))  # its errors name the file
         elif gathered is not None:  # written before the sharded format
             try:
                 kfac.load_state_dict(gathered)

@@ -173,3 +173,11 @@ def test_a_non_finite_factor_is_named_with_its_shard(tmp_path: Path, saved_on_tw
     _rewrite(shard, content)
     why = check_shards(folder)
     assert why is not None and str(shard) in why and name in why and "not finite" in why
+
+
+def test_an_index_from_another_save_is_refused(saved_on_two: tuple[Path, list[dict]]) -> None:
+    """The model-states file records the K-FAC step it was saved at; an index of another step is not its own."""
+    _, precond, _ = _make()
+    with pytest.raises(ValueError, match=f"{META} is from K-FAC step {SPLIT}, the checkpoint from step {SPLIT + 1}"):
+        load_shards(precond, saved_on_two[0], steps=SPLIT + 1)
+    assert precond.steps == 0
