@@ -1,15 +1,17 @@
 """Periodic checkpoints through ``engine.save_checkpoint``, with what an exact resume needs besides the engine.
 
-DeepSpeed saves the model, optimizer and LR scheduler (and kaisa_ds adds the K-FAC state). Here the client
-state adds the step and data position, and each rank writes its own RNG state (dropout masks differ per rank,
-and DeepSpeed's client state is written by rank 0 only).
+DeepSpeed saves the model, optimizer and LR scheduler (and kaisa_ds adds the K-FAC state: one shard per
+rank and an index, ``kfac_rank{r}_of_{W}.pt`` and ``kfac_meta.json`` in the same tag, see :mod:`kaisa_ds.shards`).
+Here the client state adds the step and data position, and each rank writes its own RNG state (dropout masks
+differ per rank, and DeepSpeed's client state is written by rank 0 only).
 
 A checkpoint counts only once it is complete: after every rank has written its files (a barrier), rank 0
 writes ``<tag>/complete.json`` last, listing each file with its size, and what the run was trained on (the
 vocabulary file itself and the data's digests: the "pins"). Then rank 0 points ``latest`` at it (DeepSpeed
 would write ``latest`` before the other ranks' files and this marker exist); a resume does not trust ``latest``
 anyway, since older runs and other tools write it early. A resume takes the newest tag whose marker is there
-and whose files are all intact (present, of the recorded size, and readable zip archives), warning about each
+and whose files are all intact (present, of the recorded size, and readable zip archives; the K-FAC shards
+also complete, finite and fitting their index: ``check_saved_state``), warning about each
 newer one it skips; rank 0 decides and broadcasts the tag, so every rank loads the same one.
 """
 
@@ -151,7 +153,7 @@ def problem(tag_dir: Path, *, world: int) -> str | None:
                 return f"{path} is not a readable torch file ({exc})"
             if bad is not None:
                 return f"{path} is corrupt (checksum of its member {bad} fails)"
-            if path.name.endswith("model_states.pt"):  # carries the K-FAC state: check it as a load would
+            if path.name.endswith("model_states.pt"):  # names the K-FAC shards (or holds an old state): check them
                 why = check_saved_state(path)
                 if why is not None:
                     return why

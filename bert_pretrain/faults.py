@@ -2,8 +2,8 @@
 
 Set ``BERT_PRETRAIN_FAULT=<point>:<rank>:<step>:<action>`` (several separated by ``,``): at ``point`` ("step":
 before that optimizer step; "save": inside the checkpoint save of that step, after DeepSpeed has written its
-files and ``latest`` but before the completion marker) on ``rank``, ``kill`` sends SIGKILL to the process
-itself and ``enospc`` raises ``OSError(ENOSPC)`` as a full disk would. Unset (always, outside tests): no-op.
+files and kaisa_ds its K-FAC shards, but before the completion marker) on ``rank``, ``kill`` sends SIGKILL to the
+process itself and ``enospc`` raises ``OSError(ENOSPC)`` as a full disk would. Unset (always, outside tests): no-op.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """Saving and restoring the complete K-FAC state (factors, decompositions, counters, structure).
 
 Decompositions live on their assigned ranks, so :func:`export_state` gathers them (one broadcast
-per source rank) and every rank returns the same dictionary. :func:`validate_state` checks a state
-completely (version, keys, shapes, finite values) before :meth:`KFACPreconditioner.load_state_dict`
-changes anything, so a corrupt state is refused by name and leaves the preconditioner as it was; a
-non-finite decomposition is dropped with a warning and recomputed from its (finite) factor.
+per source rank) and every rank returns the same dictionary. The sharded path (:mod:`kaisa_ds.shards`)
+avoids that gather: :func:`owned_state` is what one rank alone writes (the factors it decomposes and their
+decompositions) and :func:`adopt_decompositions` installs the decompositions a rank read back.
+:func:`validate_state` checks a state completely (version, keys, shapes, finite values) before
+:meth:`KFACPreconditioner.load_state_dict` changes anything, so a corrupt state is refused by name and
+leaves the preconditioner as it was; a non-finite decomposition is dropped with a warning and recomputed
+from its (finite) factor.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kaisa_ds.decomposition.decompose import layout
+from kaisa_ds.decomposition.decompose import Decomposition, from_tensors, layout
 from kaisa_ds.distributed.collectives import broadcast_flat
 from kaisa_ds.step import placeholder, with_flag
 from kaisa_ds.structure import layer_info
@@ -51,8 +54,8 @@ def _gather_decompositions(p: KFACPreconditioner) -> dict[str, list[torch.Tensor
     return out
 
 
-def export_state(p: KFACPreconditioner) -> dict[str, Any]:
-    """The state as plain tensors on CPU; identical on every rank."""
+def state_header(p: KFACPreconditioner) -> dict[str, Any]:
+    """Everything of the state but its tensors (counters, structure, method): small, identical on every rank."""
     s = p.structure
     return {
         "version": STATE_VERSION,
@@ -60,10 +63,74 @@ def export_state(p: KFACPreconditioner) -> dict[str, Any]:
         "skipped_windows": p.skipped_windows,
         "discovered": p.discovered_info,
         "layers": layer_info(s.layers) if s is not None else None,
-        "factors": {n: f.export() for n, f in (s.factors() if s is not None else {}).items()},
-        "decompositions": _gather_decompositions(p),
         "compute_method": p.config.method.value,
     }
+
+
+def export_state(p: KFACPreconditioner) -> dict[str, Any]:
+    """The state as plain tensors on CPU; identical on every rank."""
+    s = p.structure
+    return {
+        **state_header(p),
+        "factors": {n: f.export() for n, f in (s.factors() if s is not None else {}).items()},
+        "decompositions": _gather_decompositions(p),
+    }
+
+
+def owned_state(p: KFACPreconditioner) -> dict[str, Any]:
+    """This rank's share, on CPU, with no communication: the factors it decomposes (each factor has exactly one
+    such rank, so the shares of all ranks hold every factor once) and the decompositions it computed of them."""
+    s = p.structure
+    if s is None:
+        return {"factors": {}, "decompositions": {}}
+    mine = [f for f in s.factors() if s.decomposes(f, p.rank)]
+    return {"factors": {f: s.factors()[f].export() for f in mine},
+            "decompositions": {f: [t.detach().cpu().clone() for t in p.decompositions[f].tensors()]
+                               for f in mine if f in p.decompositions}}
+
+
+def _dims_of(p: KFACPreconditioner) -> tuple[dict[str, int], dict[str, bool]]:
+    facs = p.structure.factors() if p.structure is not None else {}
+    return {n: f.dim for n, f in facs.items()}, {n: f.diagonal for n, f in facs.items()}
+
+
+def adopt_decompositions(p: KFACPreconditioner, found: dict[str, list[torch.Tensor]], *, source: str) -> None:
+    """Install decompositions read back for the factors this rank holds (after :meth:`load_state_dict` of the
+    rest); one that is missing, misshapen or not finite is recomputed from its factor at the next step, on every
+    rank alike (a collective under torch.distributed). ``source`` names the files in warnings."""
+    s = p.structure
+    if s is None:
+        return
+    dims, diagonal = _dims_of(p)
+    method = p.config.method.value
+    device = next(iter(s.layers.values())).helper.weight.device
+    kept: dict[str, Decomposition] = {}
+    for name, tensors in found.items():
+        if name in dims and s.holds(name, p.rank) and _usable(name, tensors, dim=dims[name],
+                                                               diagonal=diagonal[name], method=method, source=source):
+            kept[name] = from_tensors([t.to(device=device, dtype=p.config.inv_dtype, copy=True)  # type: ignore[arg-type]
+                                       for t in tensors], method=method)
+    p.decompositions = kept
+    p.grouped.invalidate()
+    missing = any(f.has_value and s.holds(n, p.rank) and n not in kept for n, f in s.factors().items())
+    if p.world > 1:  # a decomposition step is a collective: every rank must agree to run one
+        flag = torch.tensor([float(missing)], device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        missing = bool(flag.item() > 0)
+    p.needs_decomposition = missing
+
+
+def _usable(name: str, tensors: list[torch.Tensor], *, dim: int, diagonal: bool, method: str, source: str) -> bool:
+    want = layout(dim, diagonal=diagonal, method=method)
+    if [tuple(t.shape) for t in tensors] != want:
+        logger.warning("K-FAC state %s: the decomposition of %s has shapes %s, expected %s; it is recomputed from "
+                       "its factor", source, name, [tuple(t.shape) for t in tensors], want)
+        return False
+    if not all(bool(torch.isfinite(t.float()).all()) for t in tensors):
+        logger.warning("K-FAC state %s: the decomposition of %s is not finite; it is recomputed from its factor",
+                       source, name)
+        return False
+    return True
 
 
 def check_same_model(current: dict[str, dict[str, Any]], saved: dict[str, dict[str, Any]]) -> None:

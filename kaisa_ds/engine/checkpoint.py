@@ -1,8 +1,14 @@
-"""K-FAC state inside DeepSpeed checkpoints.
+"""K-FAC state inside DeepSpeed checkpoints, sharded: each rank writes its own share next to DeepSpeed's files.
 
-The state is replicated (every rank returns the same ``state_dict``), so it rides in DeepSpeed's
-``client_state``, which only the data-parallel rank 0 writes; ``load_checkpoint`` hands it back on
-every rank. ``state_dict`` is a collective, and so is ``save_checkpoint``: both run on all ranks.
+``engine.save_checkpoint`` writes DeepSpeed's files, then every rank its K-FAC shard and rank 0 the shard index
+(:mod:`kaisa_ds.shards`: ``<tag>/kfac_rank{r}_of_{W}.pt`` and ``<tag>/kfac_meta.json``, the index last). DeepSpeed's
+``client_state`` (written by data-parallel rank 0 into its model-states file) carries only a small record
+(``kaisa_ds_kfac_shards``: world size, step) that says the shards belong to the checkpoint, so a tag whose shards
+were never completed is refused rather than silently resumed without K-FAC state. ``load_checkpoint`` restores
+the shards at the current world size.
+
+Checkpoints written before the sharded format (the whole gathered state in ``client_state["kaisa_ds_kfac"]``)
+still load. Both calls are collectives: run them on all ranks.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from typing import Any
 import torch
 
 from kaisa_ds.preconditioner import KFACPreconditioner
+from kaisa_ds.shards import META, check_shards, load_shards, save_shards
 from kaisa_ds.state import validate_state
 
 logger = logging.getLogger(__name__)
-CLIENT_KEY = "kaisa_ds_kfac"
+CLIENT_KEY = "kaisa_ds_kfac"  # the previous format: the gathered state itself
+SHARDS_KEY = "kaisa_ds_kfac_shards"  # the sharded format: a record that the tag's K-FAC shards belong to it
 
 
 def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
@@ -26,9 +34,12 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
 
     def save_checkpoint(save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
                         *args: Any, **kwargs: Any) -> Any:
+        tag = tag if tag is not None else f"global_step{engine.global_steps}"  # DeepSpeed's own default
         state = dict(client_state or {})
-        state[CLIENT_KEY] = kfac.state_dict()
-        return save(save_dir, tag, state, *args, **kwargs)
+        state[SHARDS_KEY] = {"world": kfac.world, "steps": kfac.steps, "index": META}
+        result = save(save_dir, tag, state, *args, **kwargs)
+        save_shards(kfac, Path(save_dir) / str(tag))
+        return result
 
     def load_checkpoint(load_dir: str, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -40,14 +51,17 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
                              f"different model. {str(exc).splitlines()[0]}") from exc
         if path is None:
             return path, client_state
-        state = (client_state or {}).pop(CLIENT_KEY, None)
-        if state is None:
-            logger.warning("checkpoint %s has no K-FAC state; K-FAC starts from scratch", path)
-        else:
+        client_state = client_state if client_state is not None else {}
+        record, gathered = client_state.pop(SHARDS_KEY, None), client_state.pop(CLIENT_KEY, None)
+        if record is not None:
+            load_shards(kfac, Path(path).parent, steps=int(record["steps"]))  # its errors name the file
+        elif gathered is not None:  # written before the sharded format
             try:
-                kfac.load_state_dict(state)
+                kfac.load_state_dict(gathered)
             except ValueError as exc:  # name the file: a user must know which checkpoint is bad
                 raise ValueError(f"checkpoint {path}: {exc}") from exc
+        else:
+            logger.warning("checkpoint %s has no K-FAC state; K-FAC starts from scratch", path)
         return path, client_state
 
     engine.save_checkpoint = save_checkpoint
@@ -55,14 +69,20 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
 
 
 def check_saved_state(model_states: Path) -> str | None:
-    """Why the K-FAC state inside a DeepSpeed model-states file cannot be loaded (naming the file and the factor
-    or key), or None when it is sound or absent. Reads the file only, with no model or engine, so a resume can
-    pick an older checkpoint instead of failing on this one."""
+    """Why the K-FAC state of the checkpoint whose DeepSpeed model-states file is ``model_states`` cannot be
+    loaded (naming the file and the factor or key), or None when it is sound or absent. Checks the shards next to
+    it (present, of their recorded sizes, readable, finite, fitting the saved layers) or, for a checkpoint of the
+    previous format, the state inside the file. Reads files only, with no model or engine, so a resume can pick
+    an older checkpoint instead of failing on this one."""
     try:
         saved = torch.load(model_states, map_location="cpu", weights_only=False, mmap=True)
     except Exception as exc:  # a corrupt file: torch raises many kinds
         return f"{model_states} cannot be read ({exc})"
-    state = saved.get(CLIENT_KEY) if isinstance(saved, dict) else None
+    if not isinstance(saved, dict):
+        return None
+    if saved.get(SHARDS_KEY) is not None:
+        return check_shards(model_states.parent)
+    state = saved.get(CLIENT_KEY)
     if state is None:
         return None
     try:

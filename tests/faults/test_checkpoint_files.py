@@ -3,7 +3,9 @@ newest intact one; DeepSpeed's ``latest`` (empty, dangling or pointing at a half
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -79,7 +81,7 @@ def test_no_checkpoint_at_all_starts_from_step_0(tmp_path: Path) -> None:
     assert newest_intact(tmp_path / "checkpoints", world=2) is None
 
 
-def _kfac_state() -> dict:
+def _kfac_precond():  # type: ignore[no-untyped-def]
     from kaisa_ds import KFACPreconditioner
     from tests.support.models import TinyTransformerish
 
@@ -88,12 +90,17 @@ def _kfac_state() -> dict:
     precond = KFACPreconditioner(model)
     model(torch.randint(0, 11, (2, 5))).sum().backward()
     precond.step()
-    return precond.state_dict()
+    return precond
+
+
+def _kfac_state() -> dict:
+    return _kfac_precond().state_dict()  # type: ignore[no-any-return]
 
 
 def test_a_non_finite_kfac_state_falls_back_naming_the_factor(tmp_path: Path,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    """Files intact (sizes and zip checksums match: the values were bad when saved), the K-FAC state is not."""
+    """Files intact (sizes and zip checksums match: the values were bad when saved), the K-FAC state is not.
+    (A checkpoint of the previous format: the gathered state inside the model-states file.)"""
     state = _kfac_state()
     _tag(tmp_path, 2)
     newest = tmp_path / "step4"
@@ -109,3 +116,48 @@ def test_a_non_finite_kfac_state_falls_back_naming_the_factor(tmp_path: Path,
         chosen = newest_intact(tmp_path, world=2)
     assert chosen is not None and chosen.step == 2
     assert "mp_rank_00_model_states.pt" in caplog.text and name in caplog.text and "not finite" in caplog.text
+
+
+def _sharded_tag(folder: Path, step: int, *, before_marker: Callable[[Path], None] | None = None) -> Path:
+    """A checkpoint with K-FAC shards as kaisa_ds's engine writes them (one rank: one shard and the index)."""
+    from kaisa_ds.engine.checkpoint import SHARDS_KEY
+    from kaisa_ds.shards import save_shards
+
+    tag = _tag(folder, step, world=1, complete=False)
+    precond = _kfac_precond()
+    torch.save({"module": {}, SHARDS_KEY: {"world": 1, "steps": precond.steps, "index": "kfac_meta.json"}},
+               tag / "mp_rank_00_model_states.pt")
+    save_shards(precond, tag)
+    if before_marker is not None:
+        before_marker(tag)
+    write_marker(tag, step=step, world=1, pins=PINS)
+    return tag
+
+
+def _nan_in_shard(tag: Path) -> None:
+    shard = tag / "kfac_rank000_of_001.pt"
+    content = torch.load(shard, weights_only=True)
+    content["factors"]["query.G"]["value"].view(-1)[0] = float("nan")
+    torch.save(content, shard)
+    meta = json.loads((tag / "kfac_meta.json").read_text())
+    meta["shards"][shard.name] = shard.stat().st_size
+    (tag / "kfac_meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(("damage", "before_marker", "culprit"), [
+    (lambda t: _truncate(t / "kfac_rank000_of_001.pt"), None, "kfac_rank000_of_001.pt"),
+    (lambda t: (t / "kfac_rank000_of_001.pt").unlink(), None, "kfac_rank000_of_001.pt"),
+    (None, lambda t: (t / "kfac_meta.json").unlink(), "kfac_meta.json"),  # a save killed before the index
+    (None, _nan_in_shard, "kfac_rank000_of_001.pt: K-FAC factor query.G is not finite"),
+], ids=["truncated-shard", "missing-shard", "no-index", "non-finite-shard"])
+def test_a_damaged_kfac_shard_falls_back_naming_the_shard(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: Callable[[Path], None] | None,
+        before_marker: Callable[[Path], None] | None, culprit: str) -> None:
+    _sharded_tag(tmp_path, 2)
+    newest = _sharded_tag(tmp_path, 4, before_marker=before_marker)
+    if damage is not None:
+        damage(newest)
+    with caplog.at_level(logging.WARNING):
+        chosen = newest_intact(tmp_path, world=1)
+    assert chosen is not None and chosen.step == 2
+    assert f"step4/{culprit}" in caplog.text

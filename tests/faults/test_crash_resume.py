@@ -29,7 +29,7 @@ STEPS = 8
 
 
 def _args(root: Path, out: str, *extra: str) -> list[str]:
-    return ["--phase", "1", "--config", "ds_configs/bert_tiny_phase1.json", "--data", str(root / "corpus.txt"),
+    return ["--phase", "1", "--config", "ds_configs/bert_tiny_phase1_kfac.json", "--data", str(root / "corpus.txt"),
             "--data-cache", str(root / "data"), "--output", str(root / out), "--max-steps", str(STEPS),
             "--eval-every", "4", "--eval-examples", "32", "--save-every", "2", "--keep-checkpoints", "0",
             "--dupe-factor", "1", *extra]
@@ -82,6 +82,7 @@ def test_kills_full_disk_and_corruption_then_resume_matches_an_uninterrupted_run
     proc = _launch(root, "faulty", "--resume", fault="save:0:6:kill")
     assert proc.returncode != 0 and time.perf_counter() - start < 120
     assert (ckpt / "step6" / "mp_rank_00_model_states.pt").is_file() and not (ckpt / "step6" / MARKER).exists()
+    assert (ckpt / "step6" / "kfac_rank001_of_002.pt").is_file()  # the K-FAC shards too: only the marker is missing
     assert (ckpt / "latest").read_text() == "step4"  # never names a half-written checkpoint
     (ckpt / "latest").write_text("step6")  # as DeepSpeed itself, or an older version of this code, would have
 

@@ -101,3 +101,16 @@ class TinyTwoEmbeddings(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1]).expand_as(ids)
         return self.out(self.word(ids) + self.position(positions))
+
+
+class TinyStack(nn.Module):
+    """``depth`` equal Linear layers (tanh between): factors of equal size, so work splits evenly over ranks."""
+
+    def __init__(self, width: int = 48, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        return self.layers[-1](x)  # type: ignore[no-any-return]

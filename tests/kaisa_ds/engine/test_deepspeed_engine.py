@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
+from kaisa_ds.engine.checkpoint import CLIENT_KEY, SHARDS_KEY
+from kaisa_ds.shards import META, assemble, read_meta
 from tests.kaisa_ds.engine import ds_worker
 from tests.support.launch import run_deepspeed
 from tests.support.models import TinyTransformerish
@@ -96,23 +98,49 @@ def test_gradient_clipping_applies_to_preconditioned_gradients(tmp_path: Path) -
             torch.testing.assert_close(delta, -0.1 * coef * g, rtol=1e-3, atol=1e-7)
 
 
+def _as_previous_format(tag: Path) -> None:
+    """Rewrite a sharded checkpoint as the code before the sharded format wrote it: the gathered state inside
+    DeepSpeed's client state, no shard files."""
+    states = tag / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, weights_only=False)
+    assert SHARDS_KEY in saved and CLIENT_KEY not in saved  # nothing large rides in the model-states file
+    gathered = assemble(tag, read_meta(tag), decompositions=lambda f: True)
+    saved[CLIENT_KEY] = gathered
+    del saved[SHARDS_KEY]
+    torch.save(saved, states)
+    for path in [*tag.glob("kfac_rank*.pt"), tag / META]:
+        path.unlink()
+
+
 def test_checkpoint_resume_is_identical_also_on_another_world_size_and_refuses_other_models(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     full = _launch("save", tmp_path, ckpt=ckpt)
+    assert sorted(p.name for p in (ckpt / "mid").glob("kfac_*")) == sorted(
+        ["kfac_meta.json", "kfac_rank000_of_002.pt", "kfac_rank001_of_002.pt"])
     same = _launch("resume", tmp_path, ckpt=ckpt)
     assert same["losses"] == full["losses"][2:] and same["kfac_steps"] == 4
-    one_rank = _launch("resume", tmp_path, ranks=1, ckpt=ckpt)
+    one_rank = _launch("resume", tmp_path, ranks=1, ckpt=ckpt)  # 2 -> 1: one rank reads both shards
     assert one_rank["losses"] == pytest.approx(full["losses"][2:], rel=1e-5)
     wrong = _launch("wrong", tmp_path, ranks=1, ckpt=ckpt)
     assert wrong["other_shapes"] is not None and "different model" in wrong["other_shapes"]
     assert wrong["other_kfac_layers"] is not None and "does not match this model" in wrong["other_kfac_layers"]
-    states = ckpt / "mid" / "mp_rank_00_model_states.pt"  # the file that carries the K-FAC client state
-    saved = torch.load(states, weights_only=False)
-    name = next(n for n, f in saved["kaisa_ds_kfac"]["factors"].items() if f["value"] is not None)
-    saved["kaisa_ds_kfac"]["factors"][name]["value"].view(-1)[0] = float("nan")  # a flipped bit in the file
-    torch.save(saved, states)
+    shard = ckpt / "mid" / "kfac_rank001_of_002.pt"
+    content = torch.load(shard, weights_only=True)
+    name = next(n for n, f in content["factors"].items() if f["value"] is not None)
+    content["factors"][name]["value"].view(-1)[0] = float("nan")  # a flipped bit in the file
+    torch.save(content, shard)
     corrupt = _launch("wrong", tmp_path, ranks=1, ckpt=ckpt)["same_model"]
-    assert corrupt is not None and str(states) in corrupt and name in corrupt and "not finite" in corrupt
+    assert corrupt is not None and str(shard) in corrupt  # its new size no longer matches the index
+
+
+def test_checkpoint_from_one_rank_resumes_on_two_and_the_previous_format_still_loads(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    full = _launch("save", tmp_path, ranks=1, ckpt=ckpt)
+    two = _launch("resume", tmp_path, ckpt=ckpt)  # 1 -> 2: both ranks read the one shard
+    assert two["losses"] == pytest.approx(full["losses"][2:], rel=1e-5) and two["kfac_steps"] == 4
+    _as_previous_format(ckpt / "mid")
+    old = _launch("resume", tmp_path, ranks=1, ckpt=ckpt)
+    assert old["losses"] == full["losses"][2:] and old["kfac_steps"] == 4
 
 
 def test_monitor_receives_kfac_timings(tmp_path: Path) -> None:
