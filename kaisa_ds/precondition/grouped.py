@@ -42,7 +42,8 @@ class _Group:
 
 
 def _key(a: Decomposition, g: Decomposition) -> tuple[object, ...]:
-    mats = (g.eigvecs, a.eigvecs) if g.eigvals is not None else (g.inverse, a.inverse)
+    # a diagonal A (embeddings) has eigenvalues but no eigenvectors: its size is in the eigenvalues
+    mats = (g.eigvecs, a.eigvecs, a.eigvals) if g.eigvals is not None else (g.inverse, a.inverse)
     return tuple((tuple(t.shape), t.dtype, t.device) if t is not None else None for t in mats) + (
         a.eigvecs is None and a.inverse is not None and a.inverse.dim() == 1,)
 

@@ -62,3 +62,42 @@ class TinyWithUnusedHead(nn.Module):
         out = self.body(ids)
         self.head(out)  # computed, unused
         return out
+
+
+def tiny_bert_mlm(*, vocab: int = 64, seed: int = 0) -> nn.Module:
+    """A 2-layer, hidden-32 ``BertForMaskedLM`` without dropout (losses do not depend on the RNG stream)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(seed)
+    return BertForMaskedLM(BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0))
+
+
+def masked_lm_examples(count: int, *, vocab: int = 64, seq: int = 16, seed: int = 1) -> list[dict[str, torch.Tensor]]:
+    """Fixed-length MLM examples with every 4th position masked: every micro-batch has the same number of
+    targets, so a token-count mean and a micro-batch mean are the same loss."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for _ in range(count):
+        ids = torch.randint(5, vocab, (seq,), generator=g)
+        labels = torch.full_like(ids, -100)
+        labels[::4] = ids[::4]
+        masked = ids.clone()
+        masked[::4] = 4  # the [MASK] id of these tests
+        examples.append({"input_ids": masked, "labels": labels})
+    return examples
+
+
+class TinyTwoEmbeddings(nn.Module):
+    """Word + position embeddings of one width but different vocabularies (BERT's embeddings layer) → Linear."""
+
+    def __init__(self, vocab: int = 11, positions: int = 4, dim: int = 6, n_out: int = 3) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab, dim)
+        self.position = nn.Embedding(positions, dim)
+        self.out = nn.Linear(dim, n_out)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+        return self.out(self.word(ids) + self.position(positions))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kaisa_ds import KFACPreconditioner
-from tests.support.models import TinyConvNet, TinyMLP, TinyTransformerish
+from tests.support.models import TinyConvNet, TinyMLP, TinyTransformerish, TinyTwoEmbeddings
 
 DAMPING = 0.05
 
@@ -89,6 +89,7 @@ CASES = {
     "linear-2d": (TinyMLP, lambda: torch.randn(7, 6)),
     "linear-3d-embedding": (TinyTransformerish, lambda: torch.randint(0, 11, (3, 4))),
     "conv2d": (TinyConvNet, lambda: torch.randn(3, 2, 8, 8)),
+    "embeddings-of-two-vocab-sizes": (TinyTwoEmbeddings, lambda: torch.randint(0, 11, (3, 4))),
 }
 
 
