@@ -1,7 +1,8 @@
 """kaisa_ds: distributed K-FAC (KAISA) gradient preconditioning for PyTorch and DeepSpeed.
 
 ``KFACPreconditioner`` works with any torch optimizer, single-process or under ``torch.distributed``;
-``initialize`` is a drop-in for ``deepspeed.initialize`` that reads the config's ``kfac`` section.
+``initialize`` is a drop-in for ``deepspeed.initialize`` that reads the config's ``kfac`` section;
+``enable_kfac(trainer)`` and ``attach_to_accelerator(accelerator)`` do the same for the HF Trainer and accelerate.
 Heavy modules (DeepSpeed) are imported lazily so ``import kaisa_ds`` stays cheap.
 """
 
@@ -14,7 +15,9 @@ from kaisa_ds.enums import ComputeMethod, DistributedStrategy, LossReduction
 from kaisa_ds.schedules import StepSchedule
 
 if TYPE_CHECKING:
+    from kaisa_ds.engine.accelerate_loop import attach_to_accelerator
     from kaisa_ds.engine.deepspeed_engine import initialize
+    from kaisa_ds.engine.hf_trainer import enable_kfac
     from kaisa_ds.engine.launch import init_distributed
     from kaisa_ds.preconditioner import KFACPreconditioner
 
@@ -25,6 +28,8 @@ __all__ = [
     "KFACPreconditioner",
     "LossReduction",
     "StepSchedule",
+    "attach_to_accelerator",
+    "enable_kfac",
     "init_distributed",
     "initialize",
 ]
@@ -40,6 +45,14 @@ def __getattr__(name: str) -> Any:
         from kaisa_ds.engine.deepspeed_engine import initialize
 
         return initialize
+    if name == "enable_kfac":
+        from kaisa_ds.engine.hf_trainer import enable_kfac
+
+        return enable_kfac
+    if name == "attach_to_accelerator":
+        from kaisa_ds.engine.accelerate_loop import attach_to_accelerator
+
+        return attach_to_accelerator
     if name == "init_distributed":
         from kaisa_ds.engine.launch import init_distributed
 

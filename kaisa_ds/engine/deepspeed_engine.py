@@ -29,7 +29,13 @@ from typing import Any
 import deepspeed
 
 from kaisa_ds.engine.checkpoint import wrap_checkpointing
-from kaisa_ds.engine.ds_config import check_supported, load_config, parse_kfac_section, poly_warmup_from_config
+from kaisa_ds.engine.ds_config import (
+    KFACSection,
+    check_supported,
+    load_config,
+    parse_kfac_section,
+    poly_warmup_from_config,
+)
 from kaisa_ds.engine.fp16_fix import apply_fp16_fix, needs_fp16_fix
 from kaisa_ds.engine.grad_access import EngineGradAccessor
 from kaisa_ds.engine.launch import skip_cpu_shm_build
@@ -67,13 +73,34 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     engine, optimizer, loader, scheduler = deepspeed.initialize(
         args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
         training_data=training_data, lr_scheduler=lr_scheduler, config=cfg, **kwargs)
+    finish_engine(engine, section)
+    return engine, optimizer, loader, scheduler
+
+
+def enable_on_engine(engine: Any) -> KFACPreconditioner | None:
+    """K-FAC from the ``kfac`` section of the config an engine was already built with (by ``accelerate``, the HF
+    Trainer or any other caller of ``deepspeed.initialize``); sets and returns ``engine.kfac``.
+
+    Same checks and wrapping as ``initialize``; calling it again on the same engine returns the same preconditioner.
+    """
+    if hasattr(engine, "kfac"):
+        return engine.kfac  # type: ignore[no-any-return]
+    cfg = load_config(engine.config)
+    section = parse_kfac_section(cfg)
+    client = getattr(engine, "client_optimizer", None)
+    check_supported(cfg, section, lamb=is_lamb_config(cfg.get("optimizer")) or "lamb" in type(client).__name__.lower())
+    return finish_engine(engine, section)
+
+
+def finish_engine(engine: Any, section: KFACSection) -> KFACPreconditioner | None:
+    """What every freshly built engine needs: the fp16 ZeRO-0 loss-scaling fix and, if enabled, K-FAC."""
     if needs_fp16_fix(engine, deepspeed.__version__):
         apply_fp16_fix(engine)
     engine.kfac = None
     if section.enabled:
         assert section.config is not None
         engine.kfac = attach_kfac(engine, section.config, auto_step=section.auto_step)
-    return engine, optimizer, loader, scheduler
+    return engine.kfac  # type: ignore[no-any-return]
 
 
 def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPreconditioner:
@@ -102,7 +129,8 @@ def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if engine.is_gradient_accumulation_boundary():
-            print_now = (engine.global_steps + 1) % max(1, engine.steps_per_print()) == 0
+            every = engine.steps_per_print() or 0  # DeepSpeed 0.19's default is None: never report
+            print_now = every > 0 and (engine.global_steps + 1) % every == 0
             if auto_step and not window["stepped"]:
                 kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
                 kfac.step()  # the attribute: callers may have wrapped it again

@@ -87,11 +87,24 @@ def run_deepspeed(
     Raises with the captured output when the command fails (unless ``check=False``: a fault test expects it
     to), so test failures show the ranks' logs.
     """
-    global _LAUNCHER_TIMED_OUT
-    if _LAUNCHER_TIMED_OUT:  # one hung launch already cost its timeout: fail the others at once
-        raise RuntimeError(f"not launched: an earlier deepspeed launch timed out ({_LAUNCHER_TIMED_OUT})")
     launcher = Path(sys.executable).with_name("deepspeed")
     cmd = [str(launcher), "--num_gpus", str(num_ranks), "--master_port", str(free_port()), *script_args]
+    return _run_launcher(cmd, timeout=timeout, env=env, cwd=cwd, check=check)
+
+
+def run_torchrun(script_args: Sequence[str], *, num_ranks: int = 2, timeout: float = 600.0,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``torchrun --nproc_per_node N --master_port P <script_args>`` on CPU ranks (as ``run_deepspeed``)."""
+    launcher = Path(sys.executable).with_name("torchrun")
+    cmd = [str(launcher), "--nproc_per_node", str(num_ranks), "--master_port", str(free_port()), *script_args]
+    return _run_launcher(cmd, timeout=timeout, env=env, cwd=None, check=True)
+
+
+def _run_launcher(cmd: list[str], *, timeout: float, env: dict[str, str] | None, cwd: Path | None,
+                  check: bool) -> subprocess.CompletedProcess[str]:
+    global _LAUNCHER_TIMED_OUT
+    if _LAUNCHER_TIMED_OUT:  # one hung launch already cost its timeout: fail the others at once
+        raise RuntimeError(f"not launched: an earlier launch timed out ({_LAUNCHER_TIMED_OUT})")
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), full_env.get("PYTHONPATH", "")])
     with subprocess.Popen(cmd, cwd=str(cwd or REPO_ROOT), env=full_env, stdout=subprocess.PIPE,

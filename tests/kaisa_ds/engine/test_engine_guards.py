@@ -139,3 +139,24 @@ def test_step_wrapper_runs_kfac_once_per_window_also_when_called_by_hand(auto_st
     assert engine.kfac.steps == 1  # type: ignore[attr-defined]
     _window(engine, by_hand=False)  # engine.step alone: K-FAC runs only with auto_step
     assert engine.kfac.steps == (2 if auto_step else 1)  # type: ignore[attr-defined]
+
+
+def _train_without_steps_per_print(rank: int, world: int) -> int:
+    import os
+
+    os.environ.setdefault("LOCAL_RANK", str(rank))  # deepspeed.initialize asks for it (gloo is already up)
+    model = TinyMLP()
+    cfg = {**BASE, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "kfac": {"damping": 0.01}}
+    engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    for _ in range(2):
+        engine.backward(F.mse_loss(engine(torch.randn(2, 6)), torch.randn(2, 4)))
+        engine.step()
+    return int(engine.kfac.steps)
+
+
+def test_a_config_without_steps_per_print_trains() -> None:
+    """DeepSpeed 0.19.8's default steps_per_print is None (the HF Trainer's configs set it, hand-written ones
+    often do not); the step wrapper used to fail on it at the first boundary."""
+    from tests.support.launch import run_distributed
+
+    assert run_distributed(_train_without_steps_per_print, 1) == [2]

@@ -1,0 +1,41 @@
+"""K-FAC for a hand-written ``accelerate`` loop with a DeepSpeed plugin.
+
+Where DeepSpeed's step runs there (accelerate 1.x, ``accelerate/utils/deepspeed.py``,
+``DeepSpeedEngineWrapper.backward``): ``accelerator.backward(loss)`` marks the micro-step as a boundary or not
+(``engine.set_gradient_accumulation_boundary(sync_gradients)``), calls ``engine.backward(loss)`` (which reduces the
+gradients on a boundary) and then, on a boundary, ``engine.step()`` itself. ``optimizer.step()`` and
+``optimizer.zero_grad()`` in the user's loop are no-ops (``DeepSpeedOptimizerWrapper``). So the wrapped
+``engine.step`` of ``kaisa_ds.engine.deepspeed_engine`` runs K-FAC on the reduced gradients before DeepSpeed's
+unscale/clip/step, inside ``accelerator.backward``, exactly as under ``kaisa_ds.initialize``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kaisa_ds.preconditioner import KFACPreconditioner
+
+
+def deepspeed_engine_of(accelerator: Any) -> Any:
+    """The DeepSpeed engine ``accelerator.prepare`` built, or None before that (or without DeepSpeed)."""
+    wrapped = getattr(accelerator, "deepspeed_engine_wrapped", None)
+    return None if wrapped is None else wrapped.engine
+
+
+def attach_to_accelerator(accelerator: Any) -> KFACPreconditioner | None:
+    """Turn on K-FAC from the ``kfac`` section of the accelerator's DeepSpeed config; call it once, right after
+    ``accelerator.prepare(model, optimizer, ...)`` and before ``accelerator.load_state``.
+
+    Returns the preconditioner (also ``engine.kfac``), or None when the section is absent or disabled.
+    ``accelerator.save_state`` / ``load_state`` then carry the K-FAC state (they call the engine's
+    ``save_checkpoint`` / ``load_checkpoint``, which K-FAC wraps).
+    """
+    from kaisa_ds.engine.deepspeed_engine import enable_on_engine
+
+    engine = deepspeed_engine_of(accelerator)
+    if engine is None:
+        raise ValueError("kaisa_ds: no DeepSpeed engine on this Accelerator; create it with a DeepSpeed plugin "
+                         "(Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config='ds_config.json')) or "
+                         "`accelerate launch --use_deepspeed`) and call attach_to_accelerator after "
+                         "accelerator.prepare(model, optimizer, ...)")
+    return enable_on_engine(engine)
