@@ -168,8 +168,22 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    counts = tokenize_to_file(iter_documents(sources, split=doc_split, encoding=encoding), tok, work / "docs.arrow")
-    train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=seed)
+    try:
+        _write_examples(iter_documents(sources, split=doc_split, encoding=encoding), folder, work=work, tok=tok,
+                        manifest=manifest, vocab_path=vocab_path, texts=texts, vocab=vocab, settings=settings,
+                        heldout_fraction=heldout_fraction, max_unk_rate=max_unk_rate, num_proc=num_proc, phase=phase)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1).encode())  # last: marks them complete
+    return folder
+
+
+def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok: Any, manifest: dict[str, Any],
+                    vocab_path: Path, texts: list[Path], vocab: Path | None, settings: ExampleSettings,
+                    heldout_fraction: float, max_unk_rate: float, num_proc: int | None, phase: int) -> None:
+    """Tokenise ``docs`` into ``work``, check them, and write ``folder/{train,heldout}``."""
+    counts = tokenize_to_file(docs, tok, work / "docs.arrow")
+    train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=settings.seed)
     check_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
@@ -185,13 +199,8 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
                                   num_proc=num_proc)
         examples.save_to_disk(str(folder / part))
         _check_readable(folder / part)
-        logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples), seq,
-                    len(indices))
-        del examples
-    del documents
-    shutil.rmtree(work)
-    write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1).encode())  # last: marks them complete
-    return folder
+        logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples),
+                    settings.max_seq_length, len(indices))
 
 
 def _part_examples(documents: Any, indices: list[int], pool: list[int], *, work: Path, name: str, cache_key: str,

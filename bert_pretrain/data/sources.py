@@ -102,6 +102,9 @@ def open_dataset(source: Source) -> Any:
 
     try:
         return load_from_disk(str(source.path))
+    except IndexError as exc:  # datasets 5.2 fails so on a folder saved from an empty Dataset (no Arrow files)
+        raise DataError(f"--data: {source.path} holds no rows (a datasets folder without Arrow files); give a "
+                        "dataset with text") from exc
     except (OSError, ValueError) as exc:
         raise DataError(f"--data: {source.path} is not a readable HF datasets folder ({exc}); give a folder "
                         "written by Dataset.save_to_disk or DatasetDict.save_to_disk") from exc
