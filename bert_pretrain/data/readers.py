@@ -72,9 +72,9 @@ def text_lines(path: Path, *, compressed: bool = False, encoding: str = "utf-8")
             raise DataError(f"--data: {path} looks binary (it has NUL bytes); give plain text files")
         try:
             text = decoder.decode(block)
-        except UnicodeDecodeError as exc:
-            raise _not_encoded(path, encoding, block[max(exc.start, 0)] if exc.start < len(block) else 0,
-                               offset + exc.start) from exc
+        except UnicodeDecodeError as exc:  # exc.object: the bytes held back from the last block, then this one
+            raise _not_encoded(path, encoding, exc.object[exc.start],
+                               offset - (len(exc.object) - len(block)) + exc.start) from exc
         offset += len(block)
         pieces = (rest + text).splitlines(keepends=True)
         rest = pieces.pop() if pieces else ""  # may continue in the next block (or be '\r' of a '\r\n')
@@ -83,7 +83,7 @@ def text_lines(path: Path, *, compressed: bool = False, encoding: str = "utf-8")
     try:
         rest += decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
-        raise _not_encoded(path, encoding, exc.object[exc.start], offset) from exc
+        raise _not_encoded(path, encoding, exc.object[exc.start], offset - len(exc.object) + exc.start) from exc
     yield from rest.splitlines()
 
 

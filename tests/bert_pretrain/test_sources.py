@@ -199,3 +199,15 @@ def test_documents_stream_in_memory_that_does_not_grow_with_the_file(tmp_path: P
         assert count > 200 * megabytes
     assert peaks[16] < 8 << 20, f"peak {peaks[16] / 2**20:.1f} MB while reading a 16 MB file"
     assert peaks[16] < 1.3 * peaks[4], peaks  # 4x the text, not more memory
+
+
+@pytest.mark.parametrize("chunk", [7, 8, 1 << 20])
+def test_a_decoding_error_gives_the_offset_in_the_file_whatever_the_blocks(tmp_path: Path, chunk: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "mixed.txt"
+    data = ("é" * 60 + "\n").encode() * 2 + b"abcde" + "é".encode() + b"x\xff\n"  # 'é' at offsets 247-248
+    path.write_bytes(data)
+    monkeypatch.setattr(readers, "CHUNK", chunk)  # 8: a block ends inside that 'é', held back by the decoder
+    where = data.index(b"\xff")
+    with pytest.raises(DataError, match=rf"mixed\.txt is not valid utf-8 \(byte 0xff at offset {where}\)"):
+        list(readers.text_lines(path))
