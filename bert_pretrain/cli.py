@@ -106,14 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
                             "continues phase 1)")
     data = p.add_argument_group("data")
     data.add_argument("--data", type=Path, nargs="+",
-                      help="raw text files (default: the built-in generated encyclopedia); see --doc-split. "
-                           "WikiText's '= Heading =' lines start a new document")
+                      help="the corpus (default: the built-in generated encyclopedia): plain text files (.txt or "
+                           "any name; WikiText's '= Heading =' lines start a new document), gzip-compressed text "
+                           "(.txt.gz), JSON Lines (.jsonl, .jsonl.gz) or Parquet (.parquet) with a --text-column, "
+                           "HF datasets folders written by save_to_disk, or folders of such files; all read as a "
+                           "stream. See --doc-split")
+    data.add_argument("--text-column", default="text",
+                      help="the column holding the text in .jsonl, .parquet and datasets inputs (default text); "
+                           "each row is read like a small text file")
+    data.add_argument("--data-split", metavar="SPLIT",
+                      help="the split of a DatasetDict folder to read (default: train, or its only split)")
     data.add_argument("--eval-data", type=named_text, nargs="+", metavar="NAME=FILE",
                       help="evaluate on these texts instead of the documents held out of --data: each is prepared "
                            "with the training vocabulary and a fixed seed (the same examples for every run) and "
                            "logged as heldout_<NAME>_mlm_loss etc.; e.g. tune=parts/tune.txt")
     data.add_argument("--doc-split", choices=SPLITS, default="blocks",
-                      help="what a document is: a blank-line-separated block (default) or a whole file")
+                      help="what a document is: a blank-line-separated block (default) or a whole file (a whole row "
+                           "of a .jsonl/.parquet/datasets input)")
     data.add_argument("--articles", type=at_least(1), default=200,
                       help="articles of the built-in corpus, when --data is not given (default 200)")
     data.add_argument("--vocab", type=Path,

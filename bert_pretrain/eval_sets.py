@@ -37,8 +37,10 @@ def folder(cache: Path, name: str) -> Path:
 
 
 def prepare(texts: list[tuple[str, Path]], cache: Path, *, phase: int, lower_case: bool, doc_split: str,
-            max_seq_length: int | None, max_predictions: int | None) -> dict[str, Path]:
-    """Prepare each named text with the training vocabulary ``cache/vocab.txt``; returns its phase folders."""
+            max_seq_length: int | None, max_predictions: int | None, text_column: str = "text",
+            data_split: str | None = None) -> dict[str, Path]:
+    """Prepare each named text (any ``--data`` format, read with the same ``--text-column``/``--data-split``)
+    with the training vocabulary ``cache/vocab.txt``; returns its phase folders."""
     from bert_pretrain.data.prepare import prepare_phase
 
     names = [n for n, _ in texts]
@@ -46,12 +48,12 @@ def prepare(texts: list[tuple[str, Path]], cache: Path, *, phase: int, lower_cas
         raise DataError(f"--eval-data: names must differ, got {' '.join(names)}")
     out = {}
     for name, path in texts:
-        if not path.is_file():
-            raise DataError(f"--eval-data: {path} (set {name!r}) does not exist or is not a file; check the path")
+        if not path.exists():
+            raise DataError(f"--eval-data: {path} (set {name!r}) does not exist; check the path")
         out[name] = prepare_phase([path], folder(cache, name), phase=phase, vocab=cache / "vocab.txt",
                                   lower_case=lower_case, dupe_factor=EVAL_DUPE_FACTOR, seed=EVAL_SEED,
                                   max_seq_length=max_seq_length, max_predictions=max_predictions,
-                                  doc_split=doc_split)
+                                  doc_split=doc_split, text_column=text_column, data_split=data_split)
     return out
 
 
@@ -77,7 +79,8 @@ def prepare_on_rank0(args: Any, cache: Path, rank: int) -> dict[str, Any]:
         try:
             outcome[0] = {k: str(v) for k, v in prepare(
                 args.eval_data, cache, phase=args.phase, lower_case=not args.cased, doc_split=args.doc_split,
-                max_seq_length=args.max_seq_length, max_predictions=args.max_predictions).items()}
+                max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
+                text_column=args.text_column, data_split=args.data_split).items()}
         except DataError as exc:
             outcome[0] = exc
     tdist.broadcast_object_list(outcome, src=0)

@@ -12,7 +12,8 @@ from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.data.documents import DataError
+from bert_pretrain.data.errors import DataError
+from bert_pretrain.data.sources import resolve
 from bert_pretrain.data.tokenizer import vocab_tokens
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,8 @@ def check_args(args: Namespace) -> None:
                         "ds_configs/bert_tiny_phase1.json")
     if args.vocab is not None:
         vocab_tokens(args.vocab)
-    for path in args.data or []:
-        if not path.is_file():
-            raise DataError(f"--data: {path} does not exist or is not a file; check the path")
+    if args.data:
+        resolve(args.data, text_column=args.text_column, data_split=args.data_split)  # formats, columns, splits
     check_writable(args.output, flag="--output")
     if args.data_cache is not None:
         check_writable(args.data_cache, flag="--data-cache")

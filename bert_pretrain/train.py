@@ -79,7 +79,8 @@ def prepare_data(args: Namespace, cache: Path, chosen: checkpoints.Intact | None
     if vocab is None and args.init_checkpoint is not None and (args.init_checkpoint / "vocab.txt").is_file():
         vocab = args.init_checkpoint / "vocab.txt"
     if chosen is not None:
-        check_pins(chosen.pins, {**chosen.pins, "inputs": input_fingerprint(list(texts))}, checkpoint=chosen.folder)
+        check_pins(chosen.pins, {**chosen.pins, "inputs": input_fingerprint(
+            list(texts), text_column=args.text_column, data_split=args.data_split)}, checkpoint=chosen.folder)
         pinned = chosen.folder / checkpoints.VOCAB
         if vocab is not None and vocab_digest(vocab) != vocab_digest(pinned):
             raise DataError(f"--resume: --vocab {vocab} differs from {pinned}, the vocabulary {chosen.folder} was "
@@ -89,7 +90,7 @@ def prepare_data(args: Namespace, cache: Path, chosen: checkpoints.Intact | None
         list(texts), cache, phase=args.phase, vocab=vocab, lower_case=not args.cased, dupe_factor=args.dupe_factor,
         seed=args.seed, max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
         doc_split=args.doc_split, vocab_size=args.vocab_size, encoding=args.encoding,
-        max_unk_rate=args.max_unk_rate)
+        max_unk_rate=args.max_unk_rate, text_column=args.text_column, data_split=args.data_split)
     current = data_pins(folder)
     if chosen is not None:
         check_pins(chosen.pins, current, checkpoint=chosen.folder)

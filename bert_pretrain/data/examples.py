@@ -15,12 +15,19 @@ so the model can gather exactly those positions with fixed shapes.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 IGNORE = -100  # label of padded prediction slots (cross_entropy's ignore_index)
 COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
            "next_sentence_label")
+
+
+class Documents(Protocol):
+    """Documents of sentences of token ids, by number: a list, or a DocumentTable reading them from disk."""
+
+    def __getitem__(self, index: int, /) -> list[list[int]]: ...
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ def _example(a: list[int], b: list[int], is_random: bool, s: ExampleSettings, sp
             "next_sentence_label": int(is_random)}
 
 
-def _random_segment(docs: list[list[list[int]]], index: int, pool: list[int], length: int,
+def _random_segment(docs: Documents, index: int, pool: Sequence[int], length: int,
                     rng: random.Random) -> list[int]:
     """At least ``length`` tokens from a random place in a random other document of ``pool``."""
     other = index
@@ -91,7 +98,7 @@ def _random_segment(docs: list[list[list[int]]], index: int, pool: list[int], le
         other = pool[rng.randint(0, len(pool) - 1)]
         if other != index:
             break
-    document = docs[other]
+    document = docs[int(other)]
     out: list[int] = []
     for sentence in document[rng.randint(0, len(document) - 1):]:
         out.extend(sentence)
@@ -100,10 +107,10 @@ def _random_segment(docs: list[list[list[int]]], index: int, pool: list[int], le
     return out
 
 
-def document_examples(docs: list[list[list[int]]], index: int, pool: list[int], s: ExampleSettings, sp: Specials,
-                      rng: random.Random) -> list[dict[str, Any]]:
-    """All examples of one copy of document ``index``; random next segments come from documents in ``pool``."""
-    document = docs[index]
+def document_examples(document: list[list[int]], index: int, docs: Documents, pool: Sequence[int],
+                      s: ExampleSettings, sp: Specials, rng: random.Random) -> list[dict[str, Any]]:
+    """All examples of one copy of ``document`` (number ``index``); random next segments come from the
+    documents ``docs[i]`` of ``pool``."""
     max_tokens = s.max_seq_length - 3
     target = rng.randint(2, max_tokens) if rng.random() < s.short_seq_prob else max_tokens
     out: list[dict[str, Any]] = []
@@ -133,12 +140,14 @@ def rng_for(seed: int, copy: int, index: int) -> random.Random:
     return random.Random(f"{seed}/{copy}/{index}")
 
 
-def batch_examples(batch: dict[str, list[Any]], *, docs: list[list[list[int]]], pools: dict[str, list[int]],
-                   settings: ExampleSettings, specials: Specials) -> dict[str, list[Any]]:
-    """``datasets.map`` function: rows (copy, doc, pool name) → example columns."""
+def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Documents, pool: Sequence[int],
+                   documents_per_copy: int, settings: ExampleSettings, specials: Specials) -> dict[str, list[Any]]:
+    """``datasets.map`` function (``with_indices``) over the pool's documents repeated once per copy: documents
+    (their number and sentences) → example columns; row ``i`` is copy ``i // documents_per_copy``."""
     cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
-    for copy, index, pool in zip(batch["copy"], batch["doc"], batch["pool"]):
-        for ex in document_examples(docs, index, pools[pool], settings, specials, rng_for(settings.seed, copy, index)):
+    for row, index, document in zip(indices, batch["doc"], batch["sentences"]):
+        rng = rng_for(settings.seed, row // documents_per_copy, index)
+        for ex in document_examples(document, index, docs, pool, settings, specials, rng):
             for k, v in ex.items():
                 cols[k].append(v)
     return cols

@@ -19,20 +19,22 @@ import logging
 import os
 import random
 import shutil
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
-from bert_pretrain.data.documents import DataError, read_documents
+from bert_pretrain.data.documents import iter_documents
+from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import ExampleSettings, Specials, batch_examples
+from bert_pretrain.data.sources import fingerprint, resolve
+from bert_pretrain.data.token_store import DocumentTable, TokenCounts, open_documents, tokenize_to_file
 from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
 from bert_pretrain.files import write_atomic
 
 logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
-TOKENIZE_CHUNK = 20_000  # sentences per tokenizer call (one progress-bar tick)
 ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
 
 
@@ -40,19 +42,12 @@ MAX_UNK_RATE = 0.2  # share of [UNK] in the tokenized corpus above which the tex
 MIN_VOCAB = 100  # tokens a vocabulary needs at least (BERT's has 30,522; a trained one usually thousands)
 
 
-def file_digest(path: Path) -> str:
-    """sha256 of the file's content (prefix): what the data *is*, whatever its path or modification time."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def input_fingerprint(paths: list[Path]) -> list[list[Any]]:
-    """Name, size and content digest of each input: rewriting a file with the same text (a new mtime) keeps
-    the prepared data and the trained vocabulary; any change of content prepares them again."""
-    return [[p.name, p.stat().st_size, file_digest(p)] for p in paths if p.is_file()]
+def input_fingerprint(paths: list[Path], *, text_column: str = "text",
+                      data_split: str | None = None) -> list[list[Any]]:
+    """Name, size and content digest of each input (and the column and split read from tables): rewriting a file
+    with the same text (a new mtime) keeps the prepared data and the trained vocabulary; any change of what is
+    read prepares them again (:func:`bert_pretrain.data.sources.fingerprint`)."""
+    return fingerprint(resolve(paths, text_column=text_column, data_split=data_split))
 
 
 def _read_json(path: Path) -> Any:
@@ -77,9 +72,10 @@ def expected_vocab_digest(out_dir: Path, *, vocab: Path | None, inputs: list[lis
     return None
 
 
-def prepare_vocab(docs: list[list[str]], out_dir: Path, *, inputs: list[list[Any]], vocab: Path | None,
+def prepare_vocab(docs: Iterable[list[str]], out_dir: Path, *, inputs: list[list[Any]], vocab: Path | None,
                   lower_case: bool, vocab_size: int) -> Path:
-    """``out_dir/vocab.txt``: a copy of ``vocab``, or trained on ``docs`` (kept while the inputs are the same)."""
+    """``out_dir/vocab.txt``: a copy of ``vocab``, or trained on ``docs`` (kept while the inputs are the same;
+    ``docs`` is only iterated, once, when a vocabulary is trained)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path, record_path = out_dir / "vocab.txt", out_dir / "vocab.json"
     if vocab is not None:
@@ -99,15 +95,14 @@ def prepare_vocab(docs: list[list[str]], out_dir: Path, *, inputs: list[list[Any
     return path
 
 
-def check_coverage(docs: list[list[list[int]]], tok: Any, *, texts: list[Path], vocab: Path | None,
+def check_coverage(counts: TokenCounts, tok: Any, *, texts: list[Path], vocab: Path | None,
                    max_unk_rate: float) -> None:
     """Refuse a vocabulary far too small for anything, or one that leaves the corpus mostly [UNK]."""
     source = f"--vocab {vocab}" if vocab is not None else "the vocabulary trained on --data"
     if len(tok) < MIN_VOCAB:
         raise DataError(f"{source} has {len(tok)} tokens; at least {MIN_VOCAB} are needed (BERT's has 30,522): give "
                         "a real BERT vocab.txt, or more text to train one on")
-    total = sum(len(s) for d in docs for s in d)
-    unk = sum(s.count(tok.unk_token_id) for d in docs for s in d)
+    total, unk = counts.tokens, counts.unknown
     if total and unk / total > max_unk_rate:
         names = " ".join(str(p) for p in texts)
         raise DataError(f"--data {names}: {unk / total:.0%} of its {total} tokens are [UNK] with {source} (more than "
@@ -115,32 +110,25 @@ def check_coverage(docs: list[list[list[int]]], tok: Any, *, texts: list[Path], 
                         "data, another language or encoding?). Check the files and --vocab, or raise --max-unk-rate")
 
 
-def tokenize_documents(docs: list[list[str]], tok: Any) -> list[list[list[int]]]:
-    """Documents of sentences → documents of token-id lists; empty sentences and documents dropped."""
-    sentences = [s for d in docs for s in d]
-    ids: list[list[int]] = []
-    for start in tqdm(range(0, len(sentences), TOKENIZE_CHUNK), desc="tokenising", unit="chunk",
-                      disable=len(sentences) <= TOKENIZE_CHUNK):
-        ids.extend(tok(sentences[start:start + TOKENIZE_CHUNK], add_special_tokens=False)["input_ids"])
-    out, pos = [], 0
-    for d in docs:
-        document = [x for x in ids[pos:pos + len(d)] if x]
-        pos += len(d)
-        if document:
-            out.append(document)
-    return out
-
-
-def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """(training, held-out) document indices: a seeded choice of about ``heldout_fraction`` of them."""
+def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[Sequence[int], Sequence[int]]:
+    """(training, held-out) document indices, ascending: a seeded choice of about ``heldout_fraction`` of them.
+    Arrays of 8-byte integers, not lists of Python ints (36 bytes each: 150 MB for a 1 GB corpus); the same
+    shuffle as on a list, so the choice is the one earlier versions made."""
     if n < 3:
         raise DataError(f"--data: the corpus has {n} usable document(s); at least 3 are needed (2 for training, "
                         "as next-sentence prediction pairs text from different documents, and 1 held out). "
                         "Separate documents by blank lines, or pass more files")
-    order = list(range(n))
+    order = array("q", range(n))
     random.Random(seed).shuffle(order)
-    held = set(order[:min(n - 2, max(1, round(n * heldout_fraction)))])
-    return [i for i in range(n) if i not in held], sorted(held)
+    held = sorted(order[:min(n - 2, max(1, round(n * heldout_fraction)))])
+    train, k = array("q"), 0
+    for start in range(0, n, 1 << 16):  # the complement of ``held``, block by block
+        block = array("q", range(start, min(n, start + (1 << 16))))
+        while k < len(held) and held[k] < start + len(block):
+            block[held[k] - start] = -1
+            k += 1
+        train.extend(i for i in block if i >= 0)
+    return train, array("q", held)
 
 
 def _features() -> Any:
@@ -156,14 +144,15 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
                   lower_case: bool = True, dupe_factor: int = 5, seed: int = 12345, heldout_fraction: float = 0.1,
                   max_seq_length: int | None = None, max_predictions: int | None = None, doc_split: str = "blocks",
                   vocab_size: int = 8000, num_proc: int | None = None, encoding: str = "utf-8",
-                  max_unk_rate: float = MAX_UNK_RATE) -> Path:
+                  max_unk_rate: float = MAX_UNK_RATE, text_column: str = "text",
+                  data_split: str | None = None) -> Path:
     """Write ``out_dir/phase<N>/{train,heldout}`` (and ``out_dir/vocab.txt``); return the phase folder.
 
+    ``texts``: any ``--data`` inputs (:mod:`bert_pretrain.data.sources`), read as a stream: the text passes once
+    for the vocabulary (when one is trained) and once for tokenisation, written to disk chunk by chunk.
     ``num_proc``: worker processes for example creation (default: all cores, once there is enough work).
     ``max_unk_rate``: refuse a corpus whose tokens are more than this share [UNK] (a vocabulary or encoding that
     does not fit the text would otherwise train on noise)."""
-    from datasets import Dataset, load_from_disk
-
     seq, max_pred = max_seq_length or PHASES[phase][0], max_predictions or PHASES[phase][1]
     if seq < 8 or not 1 <= max_pred <= seq:
         raise DataError(f"--max-seq-length {seq} / --max-predictions {max_pred}: need a length of at least 8 and "
@@ -171,7 +160,8 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
     if dupe_factor < 1:
         raise DataError(f"--dupe-factor {dupe_factor}: must be at least 1")
     settings = ExampleSettings(max_seq_length=seq, max_predictions=max_pred, dupe_factor=dupe_factor, seed=seed)
-    folder, inputs = out_dir / f"phase{phase}", input_fingerprint(texts)
+    sources = resolve(texts, text_column=text_column, data_split=data_split)
+    folder, inputs = out_dir / f"phase{phase}", fingerprint(sources)
     manifest = {"inputs": inputs, "encoding": encoding, "doc_split": doc_split, "lower_case": lower_case,
                 "settings": asdict(settings),
                 "heldout_fraction": heldout_fraction, "vocab_digest": expected_vocab_digest(
@@ -181,34 +171,71 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
             and vocab_digest(cached) == manifest["vocab_digest"]:
         logger.info("reusing the prepared phase-%d data in %s", phase, folder)
         return folder
-    text_docs = read_documents(texts, split=doc_split, encoding=encoding)
-    vocab_path = prepare_vocab(text_docs, out_dir, inputs=inputs, vocab=vocab, lower_case=lower_case,
-                               vocab_size=vocab_size)
+    vocab_path = prepare_vocab(iter_documents(sources, split=doc_split, encoding=encoding), out_dir, inputs=inputs,
+                               vocab=vocab, lower_case=lower_case, vocab_size=vocab_size)
     tok = load_tokenizer(vocab_path, lower_case=lower_case)
-    docs = tokenize_documents(text_docs, tok)
-    train_docs, held_docs = split_documents(len(docs), heldout_fraction=heldout_fraction, seed=seed)
-    check_coverage(docs, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
+    work = out_dir / f".phase{phase}-work"  # the tokenised corpus and map() caches; removed when done
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    try:
+        _write_examples(iter_documents(sources, split=doc_split, encoding=encoding), folder, work=work, tok=tok,
+                        manifest=manifest, vocab_path=vocab_path, texts=texts, vocab=vocab, settings=settings,
+                        heldout_fraction=heldout_fraction, max_unk_rate=max_unk_rate, num_proc=num_proc, phase=phase)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1).encode())  # last: marks them complete
+    return folder
+
+
+def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok: Any, manifest: dict[str, Any],
+                    vocab_path: Path, texts: list[Path], vocab: Path | None, settings: ExampleSettings,
+                    heldout_fraction: float, max_unk_rate: float, num_proc: int | None, phase: int) -> None:
+    """Tokenise ``docs`` into ``work``, check them, and write ``folder/{train,heldout}``."""
+    counts = tokenize_to_file(docs, tok, work / "docs.arrow")
+    train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=settings.seed)
+    check_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
-    pools = {"train": train_docs, "heldout": held_docs if len(held_docs) > 1 else train_docs}
     manifest["vocab_digest"] = vocab_digest(vocab_path)
     digest = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()[:16]
     if folder.exists():
         shutil.rmtree(folder)
+    documents = open_documents(work / "docs.arrow")
     for part, indices in (("train", train_docs), ("heldout", held_docs)):
-        copies = dupe_factor  # held-out copies differ in their masks: more, steadier evaluation examples
-        rows = Dataset.from_dict({"copy": [c for c in range(copies) for _ in indices],
-                                  "doc": [i for _ in range(copies) for i in indices],
-                                  "pool": [part] * (copies * len(indices))})
-        procs = num_proc or max(1, min(os.cpu_count() or 1, len(rows) // ROWS_PER_PROCESS))
-        examples = rows.map(batch_examples, batched=True, batch_size=16, remove_columns=["copy", "doc", "pool"],
-                            num_proc=procs if procs > 1 else None, features=_features(),
-                            desc=f"phase {phase} {part} examples",
-                            new_fingerprint=f"bert-{digest}-{part}",  # datasets would hash all documents otherwise
-                            fn_kwargs={"docs": docs, "pools": pools, "settings": settings, "specials": specials})
+        pool = held_docs if part == "heldout" and len(held_docs) > 1 else train_docs
+        examples = _part_examples(documents, indices, pool, work=work, name=f"phase {phase} {part}",
+                                  cache_key=f"bert-{digest}-{part}", settings=settings, specials=specials,
+                                  num_proc=num_proc)
         examples.save_to_disk(str(folder / part))
-        load_from_disk(str(folder / part))  # fail here, not in training, if the shards are unreadable
-        logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples), seq,
-                    len(indices))
-    write_atomic(folder / "manifest.json", json.dumps(manifest, indent=1).encode())  # last: marks them complete
-    return folder
+        _check_readable(folder / part)
+        logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples),
+                    settings.max_seq_length, len(indices))
+
+
+def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], *, work: Path, name: str,
+                   cache_key: str, settings: ExampleSettings, specials: Specials, num_proc: int | None) -> Any:
+    """The examples of the documents ``indices``, ``settings.dupe_factor`` copies with different masks (held-out
+    copies too: more, steadier evaluation examples), copy after copy; random next segments come from ``pool``.
+    ``datasets.map`` writes them to ``work`` in batches, so they are never all in memory."""
+    import numpy as np
+    from datasets import concatenate_datasets
+
+    copies = settings.dupe_factor
+    rows = documents.select(np.asarray(indices, dtype=np.int64))
+    rows = concatenate_datasets([rows] * copies) if copies > 1 else rows
+    procs = num_proc or max(1, min(os.cpu_count() or 1, len(rows) // ROWS_PER_PROCESS))
+    return rows.map(batch_examples, batched=True, batch_size=16, with_indices=True,
+                    remove_columns=["doc", "sentences"], num_proc=procs if procs > 1 else None,
+                    features=_features(), desc=f"{name} examples",
+                    new_fingerprint=cache_key,  # datasets would hash all documents otherwise
+                    cache_file_name=str(work / f"{cache_key}.arrow"),
+                    fn_kwargs={"docs": DocumentTable(documents), "pool": np.asarray(pool, dtype=np.int64),
+                               "documents_per_copy": len(indices), "settings": settings, "specials": specials})
+
+
+def _check_readable(folder: Path) -> None:
+    """Fail here, not in training, if the shards just written are unreadable."""
+    from datasets import load_from_disk
+
+    load_from_disk(str(folder))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.data.documents import DataError
+from bert_pretrain.data.errors import DataError
 from bert_pretrain.files import write_atomic
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -44,7 +45,7 @@ def load_tokenizer(vocab: Path, *, lower_case: bool = True, flag: str = "--vocab
     return tok
 
 
-def train_vocab(documents: list[list[str]], out_dir: Path, *, vocab_size: int = 8000,
+def train_vocab(documents: Iterable[list[str]], out_dir: Path, *, vocab_size: int = 8000,
                 lower_case: bool = True) -> Path:
     """Learn a WordPiece vocabulary on the corpus and write ``out_dir/vocab.txt`` (the same file for the same
     corpus and settings, in any process: see :mod:`bert_pretrain.data.wordpiece` for why not ``tokenizers``)."""

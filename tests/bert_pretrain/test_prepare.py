@@ -118,6 +118,23 @@ def test_deterministic_whatever_the_processes_and_reused(prepared: tuple[Path, P
     assert not torch.equal(_columns(folder)["input_ids"][:50], _columns(reseeded)["input_ids"][:50])
 
 
+def test_a_table_of_the_same_text_gives_the_same_vocabulary_and_examples(prepared: tuple[Path, Path],
+                                                                         tmp_path: Path) -> None:
+    """The corpus's blocks as the rows of a Parquet file (another column name) go through the streaming reader,
+    the tokenised-document file and the examples to exactly what the plain text gives."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, text = prepared
+    table = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"body": [b for b in text.read_text().split("\n\n") if b.strip()]}), table)
+    again = prepare_phase([table], tmp_path / "data", phase=1, dupe_factor=3, seed=7, num_proc=1, text_column="body")
+    assert (again.parent / "vocab.txt").read_bytes() == (folder.parent / "vocab.txt").read_bytes()
+    for part in ("train", "heldout"):
+        assert torch.equal(_columns(folder, part)["input_ids"], _columns(again, part)["input_ids"])
+    assert not list(again.parent.glob(".phase1-work"))  # the tokenised corpus is removed when done
+
+
 def test_trained_vocab_follows_the_corpus(tmp_path: Path) -> None:
     text = corpus_file(tmp_path, articles=30)
     folder = prepare_phase([text], tmp_path / "data", phase=1, dupe_factor=1)

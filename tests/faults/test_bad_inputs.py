@@ -3,6 +3,7 @@ before anything heavy runs, instead of training on garbage with rc 0 or dying in
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import subprocess
@@ -35,6 +36,31 @@ def _vocab(path: Path, words: list[str]) -> Path:
     return path
 
 
+def _bad_jsonl(path: Path) -> Path:
+    path.write_text('{"text": "A fine first record. It parses."}\n{"text": "a broken second\n')
+    return path
+
+
+def _parquet_without_text(path: Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2], "body": ["One. Two.", "Three. Four."]}), path)
+    return path
+
+
+def _cut_gzip(path: Path, corpus: Path) -> Path:
+    path.write_bytes(gzip.compress(corpus.read_bytes())[:-300])  # truncated: no end-of-stream marker
+    return path
+
+
+def _empty_dataset(path: Path) -> Path:
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": []}).save_to_disk(str(path))
+    return path
+
+
 NOT_ENGLISH = [f"zz{i}" for i in range(200)]  # a well-formed vocabulary that covers none of the corpus
 # (id, make the arguments from a scratch folder with a small good corpus in it, the text the message must hold,
 #  whether it is refused before any data preparation)
@@ -46,6 +72,16 @@ CASES: list[Case] = [
      "v7.txt has 7 tokens", False),
     ("mostly-unk", lambda t, c: ["--data", str(c), "--vocab", str(_vocab(t / "vz.txt", NOT_ENGLISH))],
      "--max-unk-rate", False),
+    ("jsonl-bad-line", lambda t, c: ["--data", str(_bad_jsonl(t / "bad.jsonl"))],
+     "--data: {t}/bad.jsonl line 2 is not valid JSON", True),
+    ("parquet-without-column", lambda t, c: ["--data", str(_parquet_without_text(t / "nocol.parquet"))],
+     "--data: {t}/nocol.parquet has no column 'text'; its columns are id, body", True),
+    ("truncated-gzip", lambda t, c: ["--data", str(_cut_gzip(t / "cut.txt.gz", c))],
+     "--data: {t}/cut.txt.gz is not a readable gzip file", True),
+    ("empty-datasets-folder", lambda t, c: ["--data", str(_empty_dataset(t / "emptyds"))],
+     "--data: {t}/emptyds holds no rows", True),
+    ("unknown-extension", lambda t, c: ["--data", str(_copy(c, t / "corpus.csv"))],
+     "--data: {t}/corpus.csv: .csv files are not read", True),
     ("binary-vocab", lambda t, c: ["--data", str(c), "--vocab", str(_binary(t / "vocab.bin"))],
      "--vocab: {t}/vocab.bin is not a UTF-8 text file", True),
     ("binary-config", lambda t, c: ["--data", str(c), "--config", str(_binary(t / "cfg.json"))],
@@ -61,6 +97,11 @@ CASES: list[Case] = [
     ("output-holds-a-run", lambda t, c: ["--data", str(c), "--output", str(_finished_run(t / "done"))],
      "--output {t}/done already holds a run", True),
 ]
+
+
+def _copy(source: Path, path: Path) -> Path:
+    path.write_bytes(source.read_bytes())
+    return path
 
 
 def _finished_run(folder: Path) -> Path:
