@@ -82,7 +82,6 @@ def test_kills_full_disk_and_corruption_then_resume_matches_an_uninterrupted_run
     proc = _launch(root, "faulty", "--resume", fault="save:0:6:kill")
     assert proc.returncode != 0 and time.perf_counter() - start < 120
     assert (ckpt / "step6" / "mp_rank_00_model_states.pt").is_file() and not (ckpt / "step6" / MARKER).exists()
-    assert (ckpt / "step6" / "kfac_rank001_of_002.pt").is_file()  # the K-FAC shards too: only the marker is missing
     assert (ckpt / "latest").read_text() == "step4"  # never names a half-written checkpoint
     (ckpt / "latest").write_text("step6")  # as DeepSpeed itself, or an older version of this code, would have
 
