@@ -42,7 +42,8 @@ def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, dict[str, flo
         model = bert_for_pretraining(cfg["size"], seq=cfg["seq"])
         kfac = KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=10**6, skip_layers=KAISA_SKIP,
                                   factor_dtype=cfg["factor_dtype"], overlap_factor_reduction=overlap,
-                                  allreduce_bucket_cap_mb=cfg["bucket_mb"], kl_clip=0.001, lr=0.01)
+                                  accumulation_steps=1, allreduce_bucket_cap_mb=cfg["bucket_mb"], kl_clip=0.001,
+                                  lr=0.01)
         runs["overlapped" if overlap else "synchronous"] = (model, kfac)
     batch = random_batch(cfg["batch"], cfg["seq"], 30522, "cpu", seed=rank)
     samples: dict[str, list[dict[str, float]]] = {k: [] for k in runs}
