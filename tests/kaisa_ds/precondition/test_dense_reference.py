@@ -123,6 +123,53 @@ def test_matches_dense_kronecker_reference(case: str, method: str) -> None:
                                    msg=lambda m, n=name: f"{case}/{method} {n}: {m}")
 
 
+# Documented tolerances of half-precision factors (stored and windowed in FP16/BF16 with a per-factor scale),
+# relative to the norm of the FP64 reference: FP16 keeps 11 significant bits, BF16 8.
+HALF_TOLERANCE = {"fp16": {"factor": 2e-3, "grad": 1e-2}, "bf16": {"factor": 1.6e-2, "grad": 8e-2}}
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("dtype", list(HALF_TOLERANCE))
+@pytest.mark.parametrize("case", ["linear-2d", "linear-3d-embedding", "conv2d"])
+def test_half_precision_factors_match_the_dense_reference_within_documented_tolerance(case: str, dtype: str) -> None:
+    torch.manual_seed(0)
+    make_model, make_input = CASES[case]
+    model = make_model()
+    modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
+    rec = Recorder(modules)
+    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, factor_dtype=dtype,
+                                 decomposition_dtype="fp64")
+    for _ in range(2):  # two passes: the half-precision window accumulates, as under gradient accumulation
+        (model(make_input()).pow(2).mean() / 2).backward()
+    raw = {n: _grad_matrix(m) for n, m in modules.items()}
+    # the reference: the FP64 statistics of the same two passes (the recorder kept the last; redo both exactly)
+    torch.manual_seed(0)
+    twin = make_model()
+    twin_modules = {n: m for n, m in twin.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
+    twin_rec = Recorder(twin_modules)
+    refs: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {n: [] for n in twin_modules}
+    for _ in range(2):
+        (twin(make_input()).pow(2).mean() / 2).backward()
+        for n, m in twin_modules.items():
+            a, g = _reference_factors(m, twin_rec.inputs[n], twin_rec.grads[n] * 2)  # per-pass mean gradients
+            refs[n].append((a, g))
+    precond.step()
+    tol = HALF_TOLERANCE[dtype]
+    for name, module in modules.items():
+        a = sum(r[0] for r in refs[name]) / 2
+        g = sum(r[1] for r in refs[name]) / 2
+        layer = precond.layers[name]
+        assert _relative(layer.a_factor.double(), a) < tol["factor"], (case, dtype, name, "A")
+        assert _relative(layer.g_factor.double(), g) < tol["factor"], (case, dtype, name, "G")
+        grad = raw[name]
+        dense = torch.kron(a, g) + DAMPING * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
+        want = _unvec(torch.linalg.solve(dense, _vec(grad)), *grad.shape)
+        assert _relative(_grad_matrix(module), want) < tol["grad"], (case, dtype, name, "preconditioned gradient")
+
+
 def test_kl_clip_scales_every_gradient_by_the_formula() -> None:
     torch.manual_seed(0)
     model = TinyMLP()
