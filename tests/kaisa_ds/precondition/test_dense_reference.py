@@ -139,7 +139,6 @@ def test_half_precision_factors_match_the_dense_reference_within_documented_tole
     make_model, make_input = CASES[case]
     model = make_model()
     modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
-    rec = Recorder(modules)
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, factor_dtype=dtype,
                                  decomposition_dtype="fp64")
     for _ in range(2):  # two passes: the half-precision window accumulates, as under gradient accumulation
