@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from kaisa_ds.state import STATE_VERSION, adopt_decompositions, owned_state, state_header, validate_state
+from kaisa_ds.state import (
+    STATE_VERSION,
+    adopt_decompositions,
+    owned_state,
+    state_header,
+    validate_saved_state,
+)
 
 if TYPE_CHECKING:
     from kaisa_ds.preconditioner import KFACPreconditioner
@@ -186,10 +192,7 @@ def check_shards(folder: Path) -> str | None:
                 value = saved.get("value") if isinstance(saved, dict) else None
                 if isinstance(value, torch.Tensor) and not bool(torch.isfinite(value.float()).all()):
                     return f"{folder / name}: K-FAC factor {factor} is not finite (corrupt checkpoint?)"
-        state = assemble(folder, meta, decompositions=lambda f: True)
-        discovered = state["discovered"]
-        diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
-        validate_state(state, discovered=discovered, diagonal=diagonal, method=str(state["compute_method"]))
+        validate_saved_state(assemble(folder, meta, decompositions=lambda f: True))
     except (ValueError, KeyError, TypeError) as exc:
         return f"{folder}: the K-FAC shards are not loadable: {exc}"
     return None

@@ -154,6 +154,14 @@ def _factor_dims(saved_layers: dict[str, dict[str, Any]]) -> dict[str, int]:
     return dims
 
 
+def validate_saved_state(state: Any) -> list[str]:
+    """:func:`validate_state` of a saved state on its own terms (its own layers, their embedding A factors and its
+    compute method), for checking a checkpoint without a model: raises ValueError, KeyError or TypeError."""
+    discovered = state["discovered"]
+    diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
+    return validate_state(state, discovered=discovered, diagonal=diagonal, method=str(state["compute_method"]))
+
+
 def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagonal: dict[str, bool],
                    method: str) -> list[str]:
     """Raise ValueError naming the first problem of a state; return the decompositions that must be dropped

@@ -21,7 +21,7 @@ import torch
 
 from kaisa_ds.preconditioner import KFACPreconditioner
 from kaisa_ds.shards import META, check_shards, load_shards, save_shards
-from kaisa_ds.state import validate_state
+from kaisa_ds.state import validate_saved_state
 
 logger = logging.getLogger(__name__)
 CLIENT_KEY = "kaisa_ds_kfac"  # the previous format: the gathered state itself
@@ -86,9 +86,7 @@ def check_saved_state(model_states: Path) -> str | None:
     if state is None:
         return None
     try:
-        discovered = state["discovered"]
-        diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
-        validate_state(state, discovered=discovered, diagonal=diagonal, method=str(state["compute_method"]))
+        validate_saved_state(state)
     except (ValueError, KeyError, TypeError) as exc:
         return f"{model_states}: the K-FAC state ('{CLIENT_KEY}') is not loadable: {exc}"
     return None
