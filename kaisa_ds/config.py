@@ -88,7 +88,7 @@ class KFACConfig:
     skip_layers: tuple[str, ...] | list[str] | str = ()
     symmetry_aware: bool = False
     allreduce_bucket_cap_mb: float = 25.0
-    overlap_factor_reduction: bool = True
+    overlap_factor_reduction: bool = False  # opt-in: no gain on CPU ranks (benchmarks.overlap); for NCCL on GPUs
     accumulation_steps: int | None = None  # backward passes per step(); None: unknown, so no overlap
     loss_scale: Callable[[], float] | None = None
     loss_reduction: LossReduction | str = LossReduction.MEAN
