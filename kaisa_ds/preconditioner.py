@@ -19,6 +19,7 @@ from kaisa_ds.decomposition.decompose import Decomposition, from_tensors
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import rank, world_size
+from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
@@ -52,6 +53,8 @@ class KFACPreconditioner:
         self.model = model
         self.grads = grad_accessor or ParamGradAccessor()
         self.world, self.rank = world_size(), rank()
+        if self.world > 1:
+            register_exit_grace()  # gloo ranks could otherwise abort at exit, after the run is done
         self.grad_workers = resolve_grad_workers(self.config.grad_worker_fraction, self.world)  # type: ignore[arg-type]
         self.steps = 0
         self.skipped_windows = 0

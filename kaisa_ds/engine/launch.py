@@ -7,6 +7,8 @@ import socket
 
 import torch
 
+from kaisa_ds.distributed.exit_grace import register_exit_grace
+
 SHM_OPT_IN = "KAISA_DS_CPU_SHM_COMM"  # set to 1 to let DeepSpeed build its CPU shared-memory all-reduce op
 
 
@@ -57,4 +59,5 @@ def init_distributed() -> tuple[int, int]:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_SIZE", "1"))))
     skip_cpu_shm_build()
     deepspeed.init_distributed(verbose=False)
+    register_exit_grace()
     return dist.get_rank(), dist.get_world_size()
