@@ -15,13 +15,16 @@ so the model can gather exactly those positions with fixed shapes.
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 IGNORE = -100  # label of padded prediction slots (cross_entropy's ignore_index)
-COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
-           "next_sentence_label")
+# stored columns: (array typecode, numpy and datasets dtype); all but the label are sequences of a fixed length
+# (max_seq_length or max_predictions)
+COLUMNS = {"input_ids": ("i", "int32"), "token_type_ids": ("b", "int8"), "attention_mask": ("b", "int8"),
+           "masked_lm_positions": ("i", "int32"), "masked_lm_ids": ("i", "int32"), "next_sentence_label": ("b", "int8")}
 
 
 class Documents(Protocol):
@@ -141,13 +144,27 @@ def rng_for(seed: int, copy: int, index: int) -> random.Random:
 
 
 def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Documents, pool: Sequence[int],
-                   documents_per_copy: int, settings: ExampleSettings, specials: Specials) -> dict[str, list[Any]]:
+                   documents_per_copy: int, settings: ExampleSettings, specials: Specials) -> dict[str, Any]:
     """``datasets.map`` function (``with_indices``) over the pool's documents repeated once per copy: documents
-    (their number and sentences) → example columns; row ``i`` is copy ``i // documents_per_copy``."""
-    cols: dict[str, list[Any]] = {k: [] for k in COLUMNS}
+    (their number and sentences) → example columns; row ``i`` is copy ``i // documents_per_copy``.
+
+    The columns are numpy arrays (one row per example), filled example by example: a call's examples take ~1 KB
+    each rather than the ~10 KB of Python lists, so a call can cover many documents (each call is one Arrow
+    record batch of map()'s output, which costs heap wherever the output is opened)."""
+    import numpy as np
+
+    cols = {k: array(code) for k, (code, _) in COLUMNS.items()}
     for row, index, document in zip(indices, batch["doc"], batch["sentences"]):
         rng = rng_for(settings.seed, row // documents_per_copy, index)
         for ex in document_examples(document, index, docs, pool, settings, specials, rng):
             for k, v in ex.items():
-                cols[k].append(v)
-    return cols
+                if isinstance(v, list):
+                    cols[k].extend(v)
+                else:
+                    cols[k].append(v)
+    n = len(cols["next_sentence_label"])
+    widths = {"input_ids": settings.max_seq_length, "token_type_ids": settings.max_seq_length,
+              "attention_mask": settings.max_seq_length, "masked_lm_positions": settings.max_predictions,
+              "masked_lm_ids": settings.max_predictions, "next_sentence_label": 0}
+    return {k: np.frombuffer(cols[k], dtype=dtype).reshape((n, widths[k]) if widths[k] else (n,))
+            for k, (_, dtype) in COLUMNS.items()}

@@ -13,6 +13,8 @@ tokenizer's thread pool, example creation in ``datasets.map(num_proc=all cores)`
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -20,14 +22,14 @@ import os
 import random
 import shutil
 from array import array
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.errors import DataError
-from bert_pretrain.data.examples import ExampleSettings, Specials, batch_examples
+from bert_pretrain.data.examples import COLUMNS, ExampleSettings, Specials, batch_examples
 from bert_pretrain.data.sources import fingerprint, resolve
 from bert_pretrain.data.token_store import DocumentTable, TokenCounts, open_documents, tokenize_to_file
 from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
@@ -36,6 +38,7 @@ from bert_pretrain.files import write_atomic
 logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
 ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
+BATCH_TOKENS = 1 << 17  # tokens of documents per datasets.map() call of example creation (see map_batch_documents)
 
 
 MAX_UNK_RATE = 0.2  # share of [UNK] in the tokenized corpus above which the text and vocabulary do not match
@@ -131,13 +134,25 @@ def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[Sequ
     return train, array("q", held)
 
 
+def map_batch_documents(counts: TokenCounts) -> int:
+    """Documents per ``datasets.map`` call of example creation: about ``BATCH_TOKENS`` tokens of them.
+
+    Each call's examples become one Arrow record batch of map()'s output, and every process that opens that
+    output holds heap per record batch, however few rows it has: each worker when it finishes, the pool's
+    manager and the main process, which also merges and slices them to save them (~14 KB per record batch in
+    all, measured). At a fixed 16 documents a call (~33 examples) that was 1.9 MB of memory per MB of text
+    (benchmarks/corpus_memory).
+    Sized in tokens rather than documents so that one call's examples (~1 KB each while the worker makes them,
+    :func:`bert_pretrain.data.examples.batch_examples`) stay a few MB, however long the documents."""
+    mean_tokens = counts.tokens / max(1, counts.documents)
+    return max(1, round(BATCH_TOKENS / max(1.0, mean_tokens)))
+
+
 def _features() -> Any:
     from datasets import Features, Sequence, Value
 
-    ints = Sequence(Value("int32"))
-    return Features({"input_ids": ints, "token_type_ids": Sequence(Value("int8")),
-                     "attention_mask": Sequence(Value("int8")), "masked_lm_positions": ints, "masked_lm_ids": ints,
-                     "next_sentence_label": Value("int8")})
+    return Features({k: Value(dtype) if k == "next_sentence_label" else Sequence(Value(dtype))
+                     for k, (_, dtype) in COLUMNS.items()})
 
 
 def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path | None = None,
@@ -206,7 +221,7 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
         pool = held_docs if part == "heldout" and len(held_docs) > 1 else train_docs
         examples = _part_examples(documents, indices, pool, work=work, name=f"phase {phase} {part}",
                                   cache_key=f"bert-{digest}-{part}", settings=settings, specials=specials,
-                                  num_proc=num_proc)
+                                  num_proc=num_proc, batch_documents=map_batch_documents(counts))
         examples.save_to_disk(str(folder / part))
         _check_readable(folder / part)
         logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples),
@@ -214,10 +229,12 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
 
 
 def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], *, work: Path, name: str,
-                   cache_key: str, settings: ExampleSettings, specials: Specials, num_proc: int | None) -> Any:
+                   cache_key: str, settings: ExampleSettings, specials: Specials, num_proc: int | None,
+                   batch_documents: int) -> Any:
     """The examples of the documents ``indices``, ``settings.dupe_factor`` copies with different masks (held-out
     copies too: more, steadier evaluation examples), copy after copy; random next segments come from ``pool``.
-    ``datasets.map`` writes them to ``work`` in batches, so they are never all in memory."""
+    ``datasets.map`` writes them to ``work`` ``batch_documents`` documents at a time
+    (:func:`map_batch_documents`), so they are never all in memory."""
     import numpy as np
     from datasets import concatenate_datasets
 
@@ -225,13 +242,31 @@ def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], 
     rows = documents.select(np.asarray(indices, dtype=np.int64))
     rows = concatenate_datasets([rows] * copies) if copies > 1 else rows
     procs = num_proc or max(1, min(os.cpu_count() or 1, len(rows) // ROWS_PER_PROCESS))
-    return rows.map(batch_examples, batched=True, batch_size=16, with_indices=True,
-                    remove_columns=["doc", "sentences"], num_proc=procs if procs > 1 else None,
-                    features=_features(), desc=f"{name} examples",
-                    new_fingerprint=cache_key,  # datasets would hash all documents otherwise
-                    cache_file_name=str(work / f"{cache_key}.arrow"),
-                    fn_kwargs={"docs": DocumentTable(documents), "pool": np.asarray(pool, dtype=np.int64),
-                               "documents_per_copy": len(indices), "settings": settings, "specials": specials})
+    with _frozen_heap():
+        return rows.map(batch_examples, batched=True, batch_size=batch_documents, with_indices=True,
+                        remove_columns=["doc", "sentences"], num_proc=procs if procs > 1 else None,
+                        features=_features(), desc=f"{name} examples",
+                        new_fingerprint=cache_key,  # datasets would hash all documents otherwise
+                        cache_file_name=str(work / f"{cache_key}.arrow"),
+                        fn_kwargs={"docs": DocumentTable(documents), "pool": np.asarray(pool, dtype=np.int64),
+                                   "documents_per_copy": len(indices), "settings": settings, "specials": specials})
+
+
+@contextlib.contextmanager
+def _frozen_heap() -> Iterator[None]:
+    """Keep the garbage collector of forked ``datasets.map`` workers off the objects they inherit.
+
+    A worker's full collections write to the header of every object it inherited from this process, so the
+    pages holding them stop being shared: measured at 20 MB of text, each worker's share of anonymous memory
+    (Pss_Anon) rose from 90 to 138 MB without this, this process's from 81 to 96 and the pool manager's from 80
+    to 95. ``gc.freeze`` moves the objects that exist now out
+    of the collector's reach until the map is done (Python's advice for fork without exec)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _check_readable(folder: Path) -> None:

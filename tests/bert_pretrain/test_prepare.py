@@ -12,7 +12,8 @@ import torch
 from bert_pretrain.data.documents import DataError, read_documents
 from bert_pretrain.data.examples import IGNORE
 from bert_pretrain.data.loader import load_split
-from bert_pretrain.data.prepare import prepare_phase, split_documents
+from bert_pretrain.data.prepare import BATCH_TOKENS, map_batch_documents, prepare_phase, split_documents
+from bert_pretrain.data.token_store import TokenCounts
 from bert_pretrain.data.tokenizer import load_tokenizer
 from tests.support.bert_data import BERT_VOCAB, SHARED_ABSENT, WIKITEXT_VALID, corpus_file, real_data_present
 
@@ -160,6 +161,34 @@ def test_held_out_documents_are_not_trained_on() -> None:
     assert len(held) == 20 and not set(train) & set(held) and sorted(train + held) == list(range(200))
     assert split_documents(200, heldout_fraction=0.1, seed=3) == (train, held)
     assert split_documents(3, heldout_fraction=0.1, seed=0)[1] != []
+
+
+def test_examples_are_written_in_few_record_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ``datasets.map`` call writes its examples as one Arrow record batch, and every process that opens the
+    output (the worker, the pool's manager, the main process merging and saving it) then holds heap per record
+    batch (~14 KB in all): with 16 documents a call, 1.9 MB per MB of text. The ~1100 examples made from ~270
+    documents (2 copies) must come in a few record batches (of at most 1000 rows; 34 at 16 documents a call)."""
+    import datasets
+
+    seen: list[tuple[int, int]] = []
+    save = datasets.Dataset.save_to_disk
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append((len(self), len(self.data.to_batches())))  # map()'s output, before it is copied
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", spy)
+    prepare_phase([corpus_file(tmp_path, articles=300)], tmp_path / "data", phase=1, dupe_factor=2, seed=1,
+                  num_proc=1)
+    (train_rows, train_batches), _ = seen
+    assert train_rows > 1000 and train_batches <= 3, seen
+
+
+def test_map_calls_hold_about_batch_tokens_whatever_the_document_length() -> None:
+    assert map_batch_documents(TokenCounts(documents=10_000, tokens=100 * 10_000)) == round(BATCH_TOKENS / 100)
+    assert map_batch_documents(TokenCounts(documents=10, tokens=10 * 4 * BATCH_TOKENS)) == 1  # long: one a call
+    assert map_batch_documents(TokenCounts(documents=3, tokens=3)) == BATCH_TOKENS
+    assert map_batch_documents(TokenCounts()) >= 1
 
 
 def test_too_few_documents_and_bad_vocab_are_refused(tmp_path: Path) -> None:
