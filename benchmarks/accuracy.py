@@ -1,10 +1,13 @@
-"""Accuracy lost by K-FAC's cheap settings against the exact ones: sampled factor statistics
-(``factor_sample_fraction``) and half-precision decompositions (``inv_dtype``), with the time each saves.
+"""Accuracy lost by K-FAC's cheap settings against the exact ones: sampled factor statistics (a share of the
+tokens, ``factor_sample_fraction``, or of an accumulation window's passes, ``factor_pass_fraction``) and
+half-precision decompositions (``inv_dtype``), with the time each saves.
 
-One BERT model with fixed weights sees ``--windows`` batches. Several preconditioners, one per variant
-(``FRACTION:INV_DTYPE``), hang on the same model, so every variant sees exactly the same activations and
-gradients; the first variant (``1:fp32``, exact) is the reference. After each window every preconditioner
-commits its factors (running average, decay 0.95), decomposes them and preconditions the same raw gradient.
+One BERT model with fixed weights sees ``--windows`` windows of ``--passes`` batches each (the loss averaged over
+the passes, as DeepSpeed's accumulation does). Several preconditioners, one per variant
+(``ROWS:INV_DTYPE[:PASSES]``, e.g. ``1:fp32:0.25`` for one pass in four), hang on the same model, so every variant
+sees exactly the same activations and gradients; the first variant (``1:fp32``, exact) is the reference. After
+each window every preconditioner commits its factors (running average, decay 0.95), decomposes them and
+preconditions the same raw gradient.
 Reported per variant, as medians over layers:
   factor error, one window     ‖F_sampled − F_full‖ / ‖F_full‖ of the first window's factors (A and G);
   factor error, running avg.   the same after ``--windows`` windows of the running average;
@@ -14,6 +17,7 @@ Reported per variant, as medians over layers:
 
     python -m benchmarks.accuracy                                  # BERT-mini, batch 32 x 128, random tokens
     python -m benchmarks.accuracy --text ../shared/data/wikitext-2/valid.txt --vocab ../shared/data/bert-vocab/vocab.txt
+    python -m benchmarks.accuracy --passes 4 --batch 8 --variants 1:fp32 1:fp32:0.5 1:fp32:0.25 0.25:fp32 ...
 """
 
 from __future__ import annotations
@@ -43,10 +47,11 @@ from bert_pretrain.data.examples import Specials
 VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
 
 
-def parse_variant(text: str) -> tuple[float, str]:
-    """``"0.25:bf16"`` → (0.25, "bf16")."""
-    fraction, _, dtype = text.partition(":")
-    return float(fraction), dtype or "fp32"
+def parse_variant(text: str) -> tuple[float, str, float]:
+    """``"0.25:bf16"`` → (0.25, "bf16", 1.0); ``"1:fp32:0.25"`` → (1.0, "fp32", 0.25) (rows, inv dtype, passes)."""
+    fraction, _, rest = text.partition(":")
+    dtype, _, passes = rest.partition(":")
+    return float(fraction), dtype or "fp32", float(passes or 1)
 
 
 def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int,
@@ -78,23 +83,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     vocab_size = 30522
     if args.text:
-        batches = text_batches(args.text, args.vocab, batch=args.batch, seq=args.seq, count=args.windows)
+        batches = text_batches(args.text, args.vocab, batch=args.batch, seq=args.seq,
+                               count=args.windows * args.passes)
         vocab_size = sum(1 for line in args.vocab.read_text(encoding="utf-8").splitlines() if line)
     else:
-        batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i) for i in range(args.windows)]
+        batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i)
+                   for i in range(args.windows * args.passes)]
+    windows = [batches[w * args.passes:(w + 1) * args.passes] for w in range(args.windows)]
     model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq)
     preconds = {v: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
                                       kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=parse_variant(v)[0],
-                                      inv_dtype=parse_variant(v)[1])
+                                      inv_dtype=parse_variant(v)[1], factor_pass_fraction=parse_variant(v)[2],
+                                      accumulation_steps=args.passes)
                 for v in args.variants}
     first: dict[str, dict[str, torch.Tensor]] = {}
     capture: dict[str, list[float]] = {v: [] for v in args.variants}
     precondition: dict[str, list[float]] = {v: [] for v in args.variants}
     pre: dict[str, dict[str, torch.Tensor]] = {}
     watched = {f"{n}.weight" for n in next(iter(preconds.values())).layers}  # the preconditioned weights
-    for window, batch in enumerate(tqdm(batches, desc="windows", unit="window")):
+    for window, passes in enumerate(tqdm(windows, desc="windows", unit="window")):
         model.zero_grad(set_to_none=True)
-        pretraining_loss(model, batch).backward()
+        for batch in passes:
+            (pretraining_loss(model, batch) / len(passes)).backward()
         raw = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         for f, precond in preconds.items():
             for n, p in model.named_parameters():  # every preconditioner sees the same raw gradient
@@ -116,6 +126,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                for n in pre[ref]]
         rows.append({
             "variant": f, "fraction": parse_variant(f)[0], "inv_dtype": parse_variant(f)[1],
+            "pass_fraction": parse_variant(f)[2],
             "factor_err_one_window": median([_relative(first[f][n], first[ref][n]) for n in first[ref]]),
             "factor_err_running_avg": median([_relative(final[f][n], final[ref][n]) for n in final[ref]]),
             "precond_grad_err": median([_relative(pre[f][n], pre[ref][n]) for n in pre[ref]]),
@@ -133,7 +144,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(res: dict[str, Any]) -> str:
     s = res["settings"]
-    head = (f"BERT-{s['size']} batch {s['batch']}x{s['seq']}, {s['windows']} windows, "
+    head = (f"BERT-{s['size']} batch {s['batch']}x{s['seq']}, {s['windows']} windows of {s.get('passes', 1)} "
+            "pass(es), "
             f"{'text ' + str(s['text']) if s['text'] else 'random tokens'}; medians over layers")
     cols = ["variant", "factor_err_one_window", "factor_err_running_avg", "precond_grad_err", "precond_grad_cosine",
             "capture_s", "capture_vs_exact", "precondition_s", "precondition_vs_exact"]
@@ -146,19 +158,27 @@ def plot(res: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in res["rows"] if r["fraction"] < 1.0 and r["inv_dtype"] == "fp32"]
-    fr = [r["fraction"] for r in rows]
     fig, (ax, tx) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in (("factor_err_one_window", "factor, one window"),
-                       ("factor_err_running_avg", "factor, running average"),
-                       ("precond_grad_err", "preconditioned gradient")):
-        ax.plot(fr, [r[key] for r in rows], "o-", label=label)
-    ax.set(xscale="log", yscale="log", xlabel="factor_sample_fraction", ylabel="relative error vs. fraction 1",
-           title="accuracy lost by sampling")
-    ax.legend()
     fp32 = [r for r in res["rows"] if r["inv_dtype"] == "fp32"]
-    tx.plot([r["fraction"] for r in fp32], [r["capture_vs_exact"] for r in fp32], "s-")
-    tx.set(xscale="log", xlabel="factor_sample_fraction", ylabel="statistics time / full", title="time kept")
+    kinds = {"tokens (factor_sample_fraction)": [r for r in fp32 if r.get("pass_fraction", 1.0) == 1.0],
+             "passes (factor_pass_fraction)": [r for r in fp32 if r["fraction"] == 1.0]}
+    for kind, rows in kinds.items():
+        rows = sorted(rows, key=lambda r: r["fraction"] * r.get("pass_fraction", 1.0))
+        share = [r["fraction"] * r.get("pass_fraction", 1.0) for r in rows]
+        if len(rows) < 2:
+            continue
+        for key, label, mark in (("factor_err_one_window", "factor, one window", "o"),
+                                 ("factor_err_running_avg", "factor, running average", "^"),
+                                 ("precond_grad_err", "preconditioned gradient", "s")):
+            sub = [(x, r[key]) for x, r in zip(share, rows) if r[key] > 0]
+            ax.plot(*zip(*sub), f"{mark}-" if kind.startswith("tokens") else f"{mark}--", label=f"{label}, {kind}")
+        tx.plot(share, [r["capture_vs_exact"] for r in rows], "s-" if kind.startswith("tokens") else "s--", label=kind)
+    ax.set(xscale="log", yscale="log", xlabel="share of the window's tokens used",
+           ylabel="relative error vs. full statistics", title="accuracy lost by sampling")
+    ax.legend(fontsize=6)
+    tx.set(xscale="log", xlabel="share of the window's tokens used", ylabel="statistics time / full",
+           title="time kept")
+    tx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -169,11 +189,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--size", default="mini", help="BERT size (default: %(default)s)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--windows", type=int, default=10, help="factor windows (batches) seen (default: %(default)s)")
+    p.add_argument("--windows", type=int, default=10, help="factor windows seen (default: %(default)s)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="batches accumulated per window (default: %(default)s); pass subsets need more than 1")
     p.add_argument("--damping", type=float, default=0.001)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                   help="FRACTION:INV_DTYPE settings to compare; the first, 1:fp32, is the reference "
-                        "(default: %(default)s)")
+                   help="ROWS:INV_DTYPE[:PASSES] settings to compare (token share, decomposition dtype, share of "
+                        "the window's passes); the first, 1:fp32, is the reference (default: %(default)s)")
     p.add_argument("--text", type=Path, help="a text file to take the tokens from (default: random tokens)")
     p.add_argument("--vocab", type=Path, help="the BERT vocab.txt for --text")
     p.add_argument("--threads", type=int, help="torch threads")
@@ -181,8 +203,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         parsed = [parse_variant(v) for v in args.variants]
     except ValueError:
-        p.error(f"--variants must look like 0.25:bf16, got {args.variants}")
-    if parsed[0] != (1.0, "fp32"):
+        p.error(f"--variants must look like 0.25:bf16 or 1:fp32:0.25, got {args.variants}")
+    if parsed[0] != (1.0, "fp32", 1.0):
         p.error("--variants must start with 1:fp32, the exact reference")
     if args.text and not args.vocab:
         p.error("--text needs --vocab")

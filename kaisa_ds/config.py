@@ -93,6 +93,7 @@ class KFACConfig:
     loss_scale: Callable[[], float] | None = None
     loss_reduction: LossReduction | str = LossReduction.MEAN
     factor_sample_fraction: float = 1.0
+    factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
@@ -129,6 +130,12 @@ class KFACConfig:
             raise ValueError(f"factor_sample_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
                              "of tokens whose statistics feed the factors; 1 = all, exact)")
         self.factor_sample_fraction = float(frac)
+        frac = self.factor_pass_fraction
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+            raise ValueError(f"factor_pass_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
+                             "of an accumulation window's backward passes whose statistics feed the factors; 1 = "
+                             "all, exact)")
+        self.factor_pass_fraction = float(frac)
         limit = self.max_decomposition_failures
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_decomposition_failures={limit!r} is not valid; allowed: an integer >= 1 (the "

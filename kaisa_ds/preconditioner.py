@@ -23,7 +23,7 @@ from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
-from kaisa_ds.factors.sampling import RowSampler
+from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import Rows, keep_all
 from kaisa_ds.layers import KFACLayer, discover_layers
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
@@ -63,6 +63,8 @@ class KFACPreconditioner:
         self.structure: LayerStructure | None = None
         self.grouped = GroupedPreconditioner(eigen=self.config.method is ComputeMethod.EIGEN)
         self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
+        self.pass_sampler = PassSampler(fraction=self.config.factor_pass_fraction,
+                                        passes=self.config.accumulation_steps)
         self.watermark = GradWatermark()
         self.diagnostics = Diagnostics()
         self.timer = StageTimer()
@@ -113,7 +115,10 @@ class KFACPreconditioner:
             return
         if self._reducer is not None:
             self._reducer.check_open(layer.a)
-        layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
+        if self.pass_sampler.keeps(step=self.steps, pass_index=layer.a.passes):
+            layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
+        else:
+            layer.a.skip_pass()
         layer.a.mark_counted(inp)
 
     def _on_grad(self, name: str, grad: torch.Tensor) -> None:
@@ -122,9 +127,12 @@ class KFACPreconditioner:
             return
         if self._reducer is not None:
             self._reducer.check_open(layer.g)
-        stat, count = layer.helper.g_statistic(grad, self._select(layer.g))
-        per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
-        layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
+        if self.pass_sampler.keeps(step=self.steps, pass_index=layer.g.passes):
+            stat, count = layer.helper.g_statistic(grad, self._select(layer.g))
+            per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
+            layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
+        else:
+            layer.g.skip_pass()
         if self._reducer is not None:  # on the window's last pass this may start a bucket's all-reduce
             self._reducer.grad_complete(name, layer.g)
 

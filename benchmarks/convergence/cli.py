@@ -145,7 +145,7 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
         s = chosen[opt]
         spec = RunSpec(name=f"{opt}_seed{seed}", regime=regime.name, optimizer=opt, lr=s["lr"], warmup=s["warmup"],
                        steps=regime.steps, seed=seed, eval_part="report",
-                       kfac=kfac_keys(s) if opt == "kfac" else None)
+                       kfac={**kfac_keys(s), **dict(regime.final_kfac)} if opt == "kfac" else None)
         records[opt].append(run(spec, regime, parts, vocab=args.vocab, work=args.work,
                                 record=out / "final" / f"{spec.name}.json", machine=info))
     cache = Path(records["lamb"][0]["eval_cache"])
@@ -155,7 +155,8 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
     summary["report_target_entropy"] = analysis.plateau(cache, "report")
     plot_regime(records, plateau=plateau, title=f"{regime.name} batch ({regime.notes}); seeds {seeds}",
                 out=out / "final.png")
-    return {"regime": dataclasses.asdict(regime), "chosen": {k: chosen[k] for k in ("lamb", "kfac")}, **summary}
+    return {"regime": dataclasses.asdict(regime), "chosen": {k: chosen[k] for k in ("lamb", "kfac")},
+            "final_kfac": dict(regime.final_kfac), **summary}
 
 
 def final(args: argparse.Namespace) -> dict[str, Any]:

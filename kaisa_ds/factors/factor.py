@@ -70,6 +70,10 @@ class KroneckerFactor:
         """Add one pass's statistic sum (FP32, consumed) over ``count`` samples to the window."""
         self._window.add(stat_sum, count)
 
+    def skip_pass(self) -> None:
+        """Count a pass of the window without its statistics (the pass sampler left it out)."""
+        self._window.skip()
+
     def window_payload(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The window's ``E[x xᵀ]`` as ``(tensor, scale)`` (scale None: FP32 and already the mean; else the
         packed half-precision sum and its FP32 factor); None when nothing was captured."""

@@ -1,10 +1,19 @@
-"""Sampled factor statistics: A and G from a random subset of the rows (tokens) of each pass.
+"""Sampled factor statistics: A and G from a random subset of the rows (tokens) of each pass
+(:class:`RowSampler`), or from a random subset of the backward passes of each accumulation window
+(:class:`PassSampler`).
 
 ``E[x xᵀ]`` over all rows is estimated by the mean over ``k = ceil(fraction · n)`` rows drawn without
 replacement, which is unbiased; counting ``k`` samples instead of ``n`` keeps the window mean exact in
 expectation over passes of any size. The subset depends only on (step, pass, n), never on the rank or the
 layer, so every rank and every layer of one pass use the same token positions, and a run is reproducible.
 At fraction 1 nothing is drawn and the statistics are exactly the full ones.
+
+Pass subsets: of the ``P`` passes of a window, ``m = ceil(fraction · P)`` drawn without replacement feed the
+factors; the others only count as passes. Every pass is equally likely to be drawn, so the mean over the drawn
+passes' samples is an unbiased estimate of the window's mean (exactly so for passes of equal size), and the
+``passes²`` rescaling of G (gradients of a loss averaged over the window's passes) still uses all ``P`` passes.
+The subset depends only on the step, so every rank and every layer skip the same passes. A skipped pass costs
+the hooks' bookkeeping only, which is what makes it cheaper than row sampling when many passes are accumulated.
 """
 
 from __future__ import annotations
@@ -49,3 +58,40 @@ class RowSampler:
         """The sampled rows of a (samples, features) matrix (``x`` itself at fraction 1)."""
         idx = self.indices(x.shape[0], step=step, pass_index=pass_index, device=x.device)
         return x if idx is None else x.index_select(0, idx)
+
+
+class PassSampler:
+    """Which backward passes of an accumulation window of ``passes`` feed the factors (a new draw each step)."""
+
+    def __init__(self, *, fraction: float, passes: int | None, seed: int = 0) -> None:
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"factor_pass_fraction={fraction!r} is not valid; allowed: a number in (0, 1]")
+        if fraction < 1.0 and passes is None:
+            raise ValueError(f"factor_pass_fraction={fraction!r} needs accumulation_steps (the backward passes per "
+                             "step; kaisa_ds.initialize takes it from gradient_accumulation_steps): set it, or set "
+                             "factor_pass_fraction to 1")
+        self.fraction = fraction
+        self.passes = passes or 1
+        self.keep = max(1, math.ceil(fraction * self.passes))
+        self.seed = seed
+        self._step = -1
+        self._chosen: frozenset[int] = frozenset()
+
+    @property
+    def active(self) -> bool:
+        return self.keep < self.passes
+
+    def chosen(self, step: int) -> frozenset[int]:
+        """The pass indices (0-based within the window) whose statistics are used at ``step``."""
+        if not self.active:
+            return frozenset(range(self.passes))
+        if step != self._step:
+            g = torch.Generator().manual_seed(((self.seed * _MIX + step) * _MIX + 7) % (2**63))
+            self._step = step
+            self._chosen = frozenset(torch.randperm(self.passes, generator=g)[:self.keep].tolist())
+        return self._chosen
+
+    def keeps(self, *, step: int, pass_index: int) -> bool:
+        """Whether the ``pass_index``-th pass of the window at ``step`` feeds the factors (passes beyond the
+        window's count wrap around, so a miscounted window still samples every pass)."""
+        return not self.active or pass_index % self.passes in self.chosen(step)

@@ -48,6 +48,10 @@ class ExactWindow:
         self.count += count
         self.passes += 1
 
+    def skip(self) -> None:
+        """Count a pass whose statistics are not used (a pass subset): it still scales G by ``passes²``."""
+        self.passes += 1
+
     def payload(self, passes_squared: bool) -> tuple[torch.Tensor, None] | None:
         """The window's ``E[x xᵀ]`` (computed in place) and no scale; None when nothing was captured."""
         if self.sum is None or self.count == 0:
@@ -82,6 +86,10 @@ class ScaledWindow:
             self.sum.mul_(self.scale / scale).add_(vec.div_(scale))
         self.scale = scale
         self.count += count
+        self.passes += 1
+
+    def skip(self) -> None:
+        """Count a pass whose statistics are not used (a pass subset): it still scales G by ``passes²``."""
         self.passes += 1
 
     def payload(self, passes_squared: bool) -> tuple[torch.Tensor, torch.Tensor] | None:

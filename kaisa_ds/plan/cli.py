@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--compute-method", help="eigen or inverse")
     k.add_argument("--symmetry-aware", action=argparse.BooleanOptionalAction, default=None)
     k.add_argument("--factor-sample-fraction", type=float)
+    k.add_argument("--factor-pass-fraction", type=float)
     k.add_argument("--skip-layers", nargs="*", help=f"regexes (default: the JSON's, else {' '.join(KAISA_SKIP)})")
     r = p.add_argument_group("rates for the predicted overhead (flags win over --calibration)")
     r.add_argument("--calibration", type=Path, help="the JSON python -m benchmarks.step_cost writes")
@@ -87,7 +88,7 @@ def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None) -> KFACConf
              "inv_dtype": args.inv_dtype, "factor_update_steps": args.factor_update_steps,
              "inv_update_steps": args.inv_update_steps, "compute_method": args.compute_method,
              "symmetry_aware": args.symmetry_aware, "factor_sample_fraction": args.factor_sample_fraction,
-             "skip_layers": args.skip_layers}
+             "factor_pass_fraction": args.factor_pass_fraction, "skip_layers": args.skip_layers}
     return KFACConfig.from_dict(options, **{key: v for key, v in flags.items() if v is not None})
 
 
@@ -119,7 +120,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     plan["kfac"] = {"grad_worker_fraction": str(config.grad_worker_fraction), "factor_dtype": str(config.factor_dtype),
                     "inv_dtype": str(config.inv_dtype), "compute_method": config.method.value,
                     "symmetry_aware": config.symmetry_aware, "factor_sample_fraction": config.factor_sample_fraction,
-                    "skip_layers": list(config.skip_layers)}
+                    "factor_pass_fraction": config.factor_pass_fraction, "skip_layers": list(config.skip_layers)}
     return plan
 
 

@@ -107,13 +107,15 @@ HALF_GRAD_TOL = {"fp16": 2e-2, "bf16": 1e-1}
 
 
 def _factor_run(rank: int, world: int, *, dtype: str | None, overlap: bool, passes: int,
-                started: list[int] | None = None) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+                started: list[int] | None = None,
+                pass_fraction: float = 1.0) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
     """STEPS steps of this rank's shard in ``passes`` accumulation passes; grads per step and the final factors."""
     torch.manual_seed(0)
     model = TinyTransformerish()
     precond = KFACPreconditioner(model, damping=0.01, kl_clip=0.05, lr=0.1, inv_update_steps=2, factor_decay=0.9,
                                  factor_dtype=dtype, overlap_factor_reduction=overlap, accumulation_steps=passes,
-                                 allreduce_bucket_cap_mb=1e-4)  # tiny buckets: several start in the backward pass
+                                 allreduce_bucket_cap_mb=1e-4,  # tiny buckets: several start in the backward pass
+                                 factor_pass_fraction=pass_fraction)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     shard = GLOBAL_BATCH // world
     grads = []
@@ -138,17 +140,18 @@ def _factor_run(rank: int, world: int, *, dtype: str | None, overlap: bool, pass
 def _overlap_pairs(rank: int, world: int) -> dict[str, object]:
     out: dict[str, object] = {}
     for dtype in (None, "fp16"):
-        for passes in (1, 2):
+        for passes, fraction in ((1, 1.0), (2, 1.0), (4, 0.5)):  # the last: 2 of 4 passes feed the factors
             started: list[int] = []
-            out[f"{dtype} x{passes}"] = (_factor_run(rank, world, dtype=dtype, overlap=True, passes=passes,
-                                                     started=started),
-                                         _factor_run(rank, world, dtype=dtype, overlap=False, passes=passes),
-                                         started)
+            out[f"{dtype} x{passes} of {fraction}"] = (
+                _factor_run(rank, world, dtype=dtype, overlap=True, passes=passes, started=started,
+                            pass_fraction=fraction),
+                _factor_run(rank, world, dtype=dtype, overlap=False, passes=passes, pass_fraction=fraction), started)
     return out
 
 
 def test_overlapped_reduction_gives_the_factors_of_the_synchronous_one() -> None:
-    """2 gloo ranks, with and without gradient accumulation, FP32 and FP16: buckets start in the backward pass
+    """2 gloo ranks, with and without gradient accumulation (and with half of the passes sampled), FP32 and
+    FP16: buckets start in the backward pass
     of later windows (not the first: the structure is built by its step), and the factors and gradients are
     bit-identical to reducing everything inside step()."""
     for rank, results in enumerate(run_distributed(_overlap_pairs, 2)):

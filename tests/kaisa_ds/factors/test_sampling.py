@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACConfig, KFACPreconditioner
-from kaisa_ds.factors.sampling import RowSampler
+from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import second_moment_sum
 from tests.support.models import TinyTransformerish
 
@@ -86,3 +86,81 @@ def test_fraction_is_validated_by_name() -> None:
             KFACConfig(factor_sample_fraction=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"kfac\.factor_sample_fraction"):
         KFACConfig.from_dict({"factor_sample_fraction": 2})
+
+
+# ------------------------------------------------------------------ pass subsets of an accumulation window
+PASSES = 4
+
+
+def _window_factors(fraction: float, step: int, *, loss_scale: float = 1.0,
+                    dtype: str | None = None) -> tuple[dict[str, torch.Tensor], frozenset[int]]:
+    """The factors after one window of PASSES micro-batches (the loss averaged over passes, as DeepSpeed does),
+    committed at ``step``, and the passes the sampler chose."""
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, kl_clip=None, accumulation_steps=PASSES, factor_pass_fraction=fraction,
+                                 loss_scale=lambda: loss_scale, factor_dtype=dtype)
+    precond.steps = step
+    g = torch.Generator().manual_seed(5)
+    for _ in range(PASSES):
+        ids, target = torch.randint(0, 11, (8, 6), generator=g), torch.randn(8, 6, 5, generator=g)
+        (F.mse_loss(model(ids), target) * loss_scale / PASSES).backward()
+    chosen = precond.pass_sampler.chosen(step)
+    precond.step()
+    return ({f"{n}.{k}": getattr(ly, f"{k.lower()}_factor").float() for n, ly in precond.layers.items()
+             for k in ("A", "G")}, chosen)
+
+
+def test_pass_fraction_one_is_the_full_window() -> None:
+    full, chosen = _window_factors(1.0, 0)
+    assert chosen == frozenset(range(PASSES))
+    subset, _ = _window_factors(0.25, 0)
+    assert not torch.equal(subset["query.A"], full["query.A"])  # the subset is a real estimate...
+    torch.manual_seed(0)
+    plain = KFACPreconditioner(TinyTransformerish(), kl_clip=None)  # ...and fraction 1 is the default path
+    assert plain.pass_sampler.active is False
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(None, 1e-5), ("fp16", 5e-3)])
+def test_pass_subset_is_exactly_unbiased_over_the_choices(dtype: str | None, tol: float) -> None:
+    """With equal-size passes, averaging the single-pass estimates over the 4 possible choices gives the full
+    window's factors exactly (FP32 windows; FP16 ones within their rounding), G included: its passes² rescaling
+    must count the skipped passes too."""
+    full, _ = _window_factors(1.0, 0, dtype=dtype)
+    by_choice: dict[frozenset[int], dict[str, torch.Tensor]] = {}
+    step = 0
+    while len(by_choice) < PASSES and step < 200:
+        factors, chosen = _window_factors(0.25, step, loss_scale=64.0, dtype=dtype)  # and under a loss scale
+        assert len(chosen) == 1
+        by_choice.setdefault(chosen, factors)
+        step += 1
+    assert len(by_choice) == PASSES
+    for key, want in full.items():
+        mean = torch.stack([f[key] for f in by_choice.values()]).mean(0)
+        assert (mean - want).norm() / want.norm() < tol, key
+        single = next(iter(by_choice.values()))[key]
+        if not key.endswith("emb.A"):
+            assert (single - want).norm() / want.norm() > 10 * tol, key  # each choice alone differs
+
+
+def test_passes_are_chosen_uniformly_and_alike_on_every_rank() -> None:
+    a, b = PassSampler(fraction=0.5, passes=8), PassSampler(fraction=0.5, passes=8)  # e.g. two ranks
+    counts = [0] * 8
+    for step in range(800):
+        chosen = a.chosen(step)
+        assert chosen == b.chosen(step) and len(chosen) == 4
+        for i in chosen:
+            counts[i] += 1
+    assert all(360 < c < 440 for c in counts), counts  # 400 each in expectation
+    assert a.chosen(1) != a.chosen(2) or a.chosen(2) != a.chosen(3)
+    assert [a.keeps(step=5, pass_index=i) for i in range(8)] == [i in a.chosen(5) for i in range(8)]
+
+
+def test_pass_fraction_is_validated_by_name() -> None:
+    for bad in (0, 1.5, -0.1, True):
+        with pytest.raises(ValueError, match="factor_pass_fraction"):
+            KFACConfig(factor_pass_fraction=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"kfac\.factor_pass_fraction"):
+        KFACConfig.from_dict({"factor_pass_fraction": 0})
+    with pytest.raises(ValueError, match=r"factor_pass_fraction=0\.5 needs accumulation_steps"):
+        KFACPreconditioner(TinyTransformerish(), factor_pass_fraction=0.5)

@@ -51,3 +51,15 @@ def test_bad_input_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path), "--world", "2"])
     assert "config.json" in capsys.readouterr().err
+
+
+def test_pass_fraction_cuts_the_predicted_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--model", "mini", "--world", "8", "--micro-batch", "32", "--seq", "128", "--passes", "4", "--json",
+             "--gemm-gflops", "1000", "--eigh-seconds", "256=0.001", "1024=0.01"]
+    runs = {}
+    for fraction in ("1", "0.25"):
+        main([*flags, "--factor-pass-fraction", fraction])
+        runs[fraction] = json.loads(capsys.readouterr().out)
+    assert runs["0.25"]["kfac"]["factor_pass_fraction"] == 0.25
+    stats = {f: r["overhead"]["seconds_per_step_kind"]["decomposition"]["statistics"] for f, r in runs.items()}
+    assert stats["0.25"] == pytest.approx(stats["1"] / 4)  # 1 of the 4 passes
