@@ -33,6 +33,12 @@ class Documents(Protocol):
     def __getitem__(self, index: int, /) -> list[list[int]]: ...
 
 
+def documents_of(docs: Documents, numbers: Sequence[int]) -> list[list[list[int]]]:
+    """The documents ``numbers`` of ``docs`` (in one read when ``docs`` can, as a DocumentTable can)."""
+    many = getattr(docs, "many", None)
+    return many(numbers) if many is not None else [docs[int(i)] for i in numbers]
+
+
 @dataclass(frozen=True)
 class Specials:
     pad: int
@@ -145,8 +151,9 @@ def rng_for(seed: int, copy: int, index: int) -> random.Random:
 
 def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Documents, pool: Sequence[int],
                    documents_per_copy: int, settings: ExampleSettings, specials: Specials) -> dict[str, Any]:
-    """``datasets.map`` function (``with_indices``) over the pool's documents repeated once per copy: documents
-    (their number and sentences) → example columns; row ``i`` is copy ``i // documents_per_copy``.
+    """``datasets.map`` function (``with_indices``) over the pool's documents repeated once per copy: document
+    numbers (``doc``; their ``sentences`` too, or they are read from ``docs``) → example columns; row ``i`` is copy
+    ``i // documents_per_copy``.
 
     The columns are numpy arrays (one row per example), filled example by example: a call's examples take ~1 KB
     each rather than the ~10 KB of Python lists, so a call can cover many documents (each call is one Arrow
@@ -154,7 +161,8 @@ def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Doc
     import numpy as np
 
     cols = {k: array(code) for k, (code, _) in COLUMNS.items()}
-    for row, index, document in zip(indices, batch["doc"], batch["sentences"]):
+    documents = batch["sentences"] if "sentences" in batch else documents_of(docs, batch["doc"])
+    for row, index, document in zip(indices, batch["doc"], documents, strict=True):
         rng = rng_for(settings.seed, row // documents_per_copy, index)
         for ex in document_examples(document, index, docs, pool, settings, specials, rng):
             for k, v in ex.items():

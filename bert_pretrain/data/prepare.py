@@ -31,7 +31,14 @@ from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import COLUMNS, ExampleSettings, Specials, batch_examples
 from bert_pretrain.data.sources import fingerprint, resolve
-from bert_pretrain.data.token_store import DocumentTable, TokenCounts, open_documents, tokenize_to_file
+from bert_pretrain.data.token_store import (
+    DocumentTable,
+    IndexFile,
+    TokenCounts,
+    open_documents,
+    tokenize_to_file,
+    write_rows,
+)
 from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
 from bert_pretrain.files import write_atomic
 
@@ -234,21 +241,19 @@ def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], 
     """The examples of the documents ``indices``, ``settings.dupe_factor`` copies with different masks (held-out
     copies too: more, steadier evaluation examples), copy after copy; random next segments come from ``pool``.
     ``datasets.map`` writes them to ``work`` ``batch_documents`` documents at a time
-    (:func:`map_batch_documents`), so they are never all in memory."""
-    import numpy as np
-    from datasets import concatenate_datasets
-
+    (:func:`map_batch_documents`), so they are never all in memory; the rows it maps over (document numbers) and
+    the pool are files in ``work`` too, memory-mapped by every process (:func:`write_rows`, :class:`IndexFile`)."""
     copies = settings.dupe_factor
-    rows = documents.select(np.asarray(indices, dtype=np.int64))
-    rows = concatenate_datasets([rows] * copies) if copies > 1 else rows
+    rows = write_rows(work / f"{cache_key}-rows.arrow", indices, copies=copies)
+    pool_file = IndexFile.write(work / f"{cache_key}-pool.npy", pool)
     procs = num_proc or max(1, min(os.cpu_count() or 1, len(rows) // ROWS_PER_PROCESS))
     with _frozen_heap():
         return rows.map(batch_examples, batched=True, batch_size=batch_documents, with_indices=True,
-                        remove_columns=["doc", "sentences"], num_proc=procs if procs > 1 else None,
+                        remove_columns=["doc"], num_proc=procs if procs > 1 else None,
                         features=_features(), desc=f"{name} examples",
                         new_fingerprint=cache_key,  # datasets would hash all documents otherwise
                         cache_file_name=str(work / f"{cache_key}.arrow"),
-                        fn_kwargs={"docs": DocumentTable(documents), "pool": np.asarray(pool, dtype=np.int64),
+                        fn_kwargs={"docs": DocumentTable(documents), "pool": pool_file,
                                    "documents_per_copy": len(indices), "settings": settings, "specials": specials})
 
 

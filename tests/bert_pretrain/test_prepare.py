@@ -184,6 +184,31 @@ def test_examples_are_written_in_few_record_batches(tmp_path: Path, monkeypatch:
     assert train_rows > 1000 and train_batches <= 3, seen
 
 
+def test_map_input_and_pool_are_files_not_copies_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What example creation maps over (the document numbers of every copy) and the pool of random next segments
+    are memory-mapped files: an in-memory selection kept an indices table (and went through a Python list of the
+    indices), and the pool was pickled to every worker, 8 bytes a document each, so they grew with the corpus."""
+    import pickle
+
+    import datasets
+
+    calls: list[tuple[Any, dict[str, Any]]] = []
+    original = datasets.Dataset.map
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append((self, kwargs.get("fn_kwargs") or {}))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(datasets.Dataset, "map", spy)
+    prepare_phase([corpus_file(tmp_path, articles=300)], tmp_path / "data", phase=1, dupe_factor=2, seed=1,
+                  num_proc=1)
+    rows, kwargs = calls[0]  # the training part's
+    assert kwargs["documents_per_copy"] > 200 and len(rows) == 2 * kwargs["documents_per_copy"]
+    assert rows._indices is None and rows.cache_files, "the rows are a memory-mapped file, not a selection"
+    assert len(pickle.dumps(kwargs["pool"])) < 500, "the pool pickles as a path"
+    assert len(kwargs["pool"]) == kwargs["documents_per_copy"]
+
+
 def test_map_calls_hold_about_batch_tokens_whatever_the_document_length() -> None:
     assert map_batch_documents(TokenCounts(documents=10_000, tokens=100 * 10_000)) == round(BATCH_TOKENS / 100)
     assert map_batch_documents(TokenCounts(documents=10, tokens=10 * 4 * BATCH_TOKENS)) == 1  # long: one a call
