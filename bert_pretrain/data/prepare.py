@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
 ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
 BATCH_TOKENS = 1 << 17  # tokens of documents per datasets.map() call of example creation (see map_batch_documents)
+CALL_ROWS_MAX = 1 << 20  # map()'s writer_batch_size: far above a call's examples, so each call is one record batch
 
 
 MAX_UNK_RATE = 0.2  # share of [UNK] in the tokenized corpus above which the text and vocabulary do not match
@@ -144,9 +145,10 @@ def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[Sequ
 def map_batch_documents(counts: TokenCounts) -> int:
     """Documents per ``datasets.map`` call of example creation: about ``BATCH_TOKENS`` tokens of them.
 
-    Each call's examples become one Arrow record batch of map()'s output, and every process that opens that
-    output holds heap per record batch, however few rows it has: each worker when it finishes, the pool's
-    manager and the main process, which also merges and slices them to save them (~14 KB per record batch in
+    Each call's examples become one Arrow record batch of map()'s output (``writer_batch_size`` is
+    ``CALL_ROWS_MAX``; at datasets' default of 1000 rows a call of ~2,600 examples made three), and every process
+    that opens that output holds heap per record batch, however few rows it has: each worker when it finishes, the
+    pool's manager and the main process, which also merges and slices them to save them (~14 KB per record batch in
     all, measured). At a fixed 16 documents a call (~33 examples) that was 1.9 MB of memory per MB of text
     (benchmarks/corpus_memory).
     Sized in tokens rather than documents so that one call's examples (~1 KB each while the worker makes them,
@@ -250,6 +252,7 @@ def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], 
     with _frozen_heap():
         return rows.map(batch_examples, batched=True, batch_size=batch_documents, with_indices=True,
                         remove_columns=["doc"], num_proc=procs if procs > 1 else None,
+                        writer_batch_size=CALL_ROWS_MAX,
                         features=_features(), desc=f"{name} examples",
                         new_fingerprint=cache_key,  # datasets would hash all documents otherwise
                         cache_file_name=str(work / f"{cache_key}.arrow"),
