@@ -86,7 +86,7 @@ REGIMES = {
         notes="BERT-tiny, 256 sequences of 32 tokens per step (32 per rank × 4 accumulated × 2 ranks)"),
 }
 # Large: the final runs' statistics use 1/16 of the tokens (tuned with 1/4): benchmarks.accuracy at this regime's
-# batch and damping puts the capture at 0.09 of full statistics' time against 0.26, for a preconditioned-gradient
+# batch and damping puts the capture at 0.10 of full statistics' time against 0.28, for a preconditioned-gradient
 # error of 22% against 12% (cosine 0.97 against 0.99); pass subsets of the window cost more accuracy for the same
 # time (benchmarks/README.md, accuracy). Longer runs are no cure for LAMB's late plateau exit here: at 450 steps
 # (results/convergence/large/probe_450steps) LAMB overfits the 150k-word training part (training MLM 3.5 against a
