@@ -30,6 +30,7 @@ from typing import Any
 from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import COLUMNS, ExampleSettings, Specials, batch_examples
+from bert_pretrain.data.forked import run_forked
 from bert_pretrain.data.sources import fingerprint, resolve
 from bert_pretrain.data.token_store import (
     DocumentTable,
@@ -216,7 +217,7 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
                     vocab_path: Path, texts: list[Path], vocab: Path | None, settings: ExampleSettings,
                     heldout_fraction: float, max_unk_rate: float, num_proc: int | None, phase: int) -> None:
     """Tokenise ``docs`` into ``work``, check them, and write ``folder/{train,heldout}``."""
-    counts = tokenize_to_file(docs, tok, work / "docs.arrow")
+    counts = run_forked(lambda: tokenize_to_file(docs, tok, work / "docs.arrow"), what="tokenising")
     train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=settings.seed)
     check_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
