@@ -25,6 +25,7 @@ def test_smoke_two_sizes_are_measured_side_by_side(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 20 + 200 MB of preparation: 6-8 min on a quiet 2-core machine, over 10 on a busy one
 def test_anonymous_memory_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     """Between 20 and 200 MB of text, the peak anonymous memory of preparation (main process and map workers)
     grows by far less than the text: less than a tenth of a MB per MB (a reader holding the corpus, its
