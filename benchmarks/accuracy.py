@@ -91,11 +91,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                    for i in range(args.windows * args.passes)]
     windows = [batches[w * args.passes:(w + 1) * args.passes] for w in range(args.windows)]
     model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq)
+    settings = {v: parse_variant(v) for v in args.variants}
     preconds = {v: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
-                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=parse_variant(v)[0],
-                                      inv_dtype=parse_variant(v)[1], factor_pass_fraction=parse_variant(v)[2],
+                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=tokens,
+                                      inv_dtype=inv_dtype, factor_pass_fraction=pass_share,
                                       accumulation_steps=args.passes)
-                for v in args.variants}
+                for v, (tokens, inv_dtype, pass_share) in settings.items()}
     first: dict[str, dict[str, torch.Tensor]] = {}
     capture: dict[str, list[float]] = {v: [] for v in args.variants}
     precondition: dict[str, list[float]] = {v: [] for v in args.variants}
@@ -125,8 +126,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cos = [float(torch.nn.functional.cosine_similarity(pre[f][n].flatten(), pre[ref][n].flatten(), dim=0))
                for n in pre[ref]]
         rows.append({
-            "variant": f, "fraction": parse_variant(f)[0], "inv_dtype": parse_variant(f)[1],
-            "pass_fraction": parse_variant(f)[2],
+            "variant": f, "fraction": settings[f][0], "inv_dtype": settings[f][1], "pass_fraction": settings[f][2],
             "factor_err_one_window": median([_relative(first[f][n], first[ref][n]) for n in first[ref]]),
             "factor_err_running_avg": median([_relative(final[f][n], final[ref][n]) for n in final[ref]]),
             "precond_grad_err": median([_relative(pre[f][n], pre[ref][n]) for n in pre[ref]]),

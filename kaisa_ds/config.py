@@ -65,6 +65,14 @@ def check_range(name: str, value: Scalar | None) -> Scalar | None:
     return value
 
 
+def _share(name: str, value: Any, of_what: str) -> float:
+    """A share in (0, 1] as a float; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name}={value!r} is not valid; allowed: a number in (0, 1] (the share {of_what}; "
+                         "1 = all, exact)")
+    return float(value)
+
+
 @dataclass
 class KFACConfig:
     """Every K-FAC option, validated once at construction.
@@ -125,17 +133,11 @@ class KFACConfig:
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
-        frac = self.factor_sample_fraction
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-            raise ValueError(f"factor_sample_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
-                             "of tokens whose statistics feed the factors; 1 = all, exact)")
-        self.factor_sample_fraction = float(frac)
-        frac = self.factor_pass_fraction
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-            raise ValueError(f"factor_pass_fraction={frac!r} is not valid; allowed: a number in (0, 1] (the share "
-                             "of an accumulation window's backward passes whose statistics feed the factors; 1 = "
-                             "all, exact)")
-        self.factor_pass_fraction = float(frac)
+        self.factor_sample_fraction = _share("factor_sample_fraction", self.factor_sample_fraction,
+                                             "of tokens whose statistics feed the factors")
+        self.factor_pass_fraction = _share("factor_pass_fraction", self.factor_pass_fraction,
+                                           "of an accumulation window's backward passes whose statistics feed the "
+                                           "factors")
         limit = self.max_decomposition_failures
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_decomposition_failures={limit!r} is not valid; allowed: an integer >= 1 (the "

@@ -60,6 +60,11 @@ class RowSampler:
         return x if idx is None else x.index_select(0, idx)
 
 
+def kept_passes(fraction: float, passes: int) -> int:
+    """How many of a window's ``passes`` feed the factors at ``factor_pass_fraction`` (at least one)."""
+    return max(1, math.ceil(fraction * passes))
+
+
 class PassSampler:
     """Which backward passes of an accumulation window of ``passes`` feed the factors (a new draw each step)."""
 
@@ -72,7 +77,7 @@ class PassSampler:
                              "factor_pass_fraction to 1")
         self.fraction = fraction
         self.passes = passes or 1
-        self.keep = max(1, math.ceil(fraction * self.passes))
+        self.keep = kept_passes(fraction, self.passes)
         self.seed = seed
         self._step = -1
         self._chosen: frozenset[int] = frozenset()

@@ -3,11 +3,11 @@ K-FAC run, as a JSON-ready dict. The CLI prints it; ``benchmarks.scale_sim`` tab
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
+from kaisa_ds.factors.sampling import kept_passes
 from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank
 from kaisa_ds.plan.overhead import Rates
@@ -65,7 +65,7 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
     """Predicted K-FAC seconds per kind of step and amortised; as a share of the baseline step when known."""
     method = config.method.value
     rows = tokens * config.factor_sample_fraction
-    stats_passes = max(1, math.ceil(passes * config.factor_pass_fraction))  # the pass subset that feeds factors
+    stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
     per_flop = 4 if method == "eigen" else 2
     precondition = [0.0] * a.world
