@@ -152,7 +152,7 @@ def rng_for(seed: int, copy: int, index: int) -> random.Random:
 def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Documents, pool: Sequence[int],
                    documents_per_copy: int, settings: ExampleSettings, specials: Specials) -> dict[str, Any]:
     """``datasets.map`` function (``with_indices``) over the pool's documents repeated once per copy: document
-    numbers (``doc``; their ``sentences`` too, or they are read from ``docs``) → example columns; row ``i`` is copy
+    numbers (``doc``, whose sentences are read from ``docs``) → example columns; row ``i`` is copy
     ``i // documents_per_copy``.
 
     The columns are numpy arrays (one row per example), filled example by example: a call's examples take ~1 KB
@@ -161,7 +161,7 @@ def batch_examples(batch: dict[str, list[Any]], indices: list[int], *, docs: Doc
     import numpy as np
 
     cols = {k: array(code) for k, (code, _) in COLUMNS.items()}
-    documents = batch["sentences"] if "sentences" in batch else documents_of(docs, batch["doc"])
+    documents = documents_of(docs, batch["doc"])
     for row, index, document in zip(indices, batch["doc"], documents, strict=True):
         rng = rng_for(settings.seed, row // documents_per_copy, index)
         for ex in document_examples(document, index, docs, pool, settings, specials, rng):

@@ -20,7 +20,7 @@ DOCS = [[[10, 11, 12], [13, 14], [15, 16, 17]], [[20, 21, 22, 23], [24, 25]], [[
 
 
 def _call(rows: list[int]) -> dict[str, np.ndarray]:
-    return batch_examples({"doc": [r % 3 for r in rows], "sentences": [DOCS[r % 3] for r in rows]}, rows, docs=DOCS,
+    return batch_examples({"doc": [r % 3 for r in rows]}, rows, docs=DOCS,
                           pool=[0, 1, 2], documents_per_copy=3, settings=SETTINGS, specials=SPECIALS)
 
 
