@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.common import machine, machine_line, table, write_json
 from benchmarks.convergence import analysis
-from benchmarks.convergence.parts import Parts, write_parts
+from benchmarks.convergence.parts import Parts, SplitError, sources_digest, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import REGIMES, Regime, ds_config, quick
 from benchmarks.convergence.runner import RunSpec, run
@@ -32,7 +32,6 @@ from benchmarks.convergence.runner import RunSpec, run
 logger = logging.getLogger("benchmarks.convergence")
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
-DEFAULT_TEXT = DATA / "wikitext-2" / "valid.txt"
 DEFAULT_VOCAB = DATA / "bert-vocab" / "vocab.txt"
 TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
 FINAL_SEEDS = (1, 2, 3)
@@ -47,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("tune", "tune one regime's LAMB and K-FAC settings on the tune part"),
                            ("final", "chosen settings × seeds on the report part; figures, plots, final.json")):
         c = sub.add_parser(name, help=helptext)
-        c.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="any text file (default: %(default)s)")
+        c.add_argument("--text", type=Path, nargs="+",
+                       help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
+                            "under ../shared/data: WikiText-2 valid; the large regime adds the SQuAD dev contexts)")
         c.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help="BERT vocab.txt (default: %(default)s)")
         c.add_argument("--work", type=Path, default=REPO / "runs" / "convergence",
                        help="run folders, prepared data, the three parts (default: %(default)s)")
@@ -76,9 +77,12 @@ def regime_of(name: str, args: argparse.Namespace) -> Regime:
     return regime
 
 
-def parts_of(args: argparse.Namespace) -> Parts:
-    """The three parts of ``--text`` (of its first 12 units at the quick scale)."""
-    return write_parts(args.text, args.work / "parts", max_units=QUICK_UNITS if args.quick else None)
+def parts_of(args: argparse.Namespace, regime: Regime) -> Parts:
+    """The three parts of ``--text`` or of the regime's texts (of their first 12 units at the quick scale), in a
+    folder named by the sources' digest, so regimes with different texts keep their own parts."""
+    texts = args.text or [DATA / t for t in regime.texts]
+    folder = args.work / "parts" / sources_digest(texts)[:12]
+    return write_parts(texts, folder, max_units=QUICK_UNITS if args.quick else None)
 
 
 def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +93,7 @@ def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
 
 def tune(args: argparse.Namespace) -> dict[str, Any]:
     regime = regime_of(args.regime, args)
-    parts = parts_of(args)
+    parts = parts_of(args, regime)
     out = args.results / regime.name
     info = machine()
 
@@ -160,15 +164,16 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
 
 
 def final(args: argparse.Namespace) -> dict[str, Any]:
-    parts = parts_of(args)
     seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
     info = machine()
     result: dict[str, Any] = {"command": "python -m benchmarks.convergence final " + " ".join(
         (["--quick"] if args.quick else []) + ["--regimes", *args.regimes, "--seeds", *map(str, seeds)]),
-        "machine": info, "machine_line": machine_line(info), "parts": str(parts.folder / "parts.json"),
-        "regimes": {}}
+        "machine": info, "machine_line": machine_line(info), "regimes": {}}
     for name in args.regimes:
-        result["regimes"][name] = final_regime(regime_of(name, args), parts, args, seeds, info)
+        regime = regime_of(name, args)
+        parts = parts_of(args, regime)
+        result["regimes"][name] = {**final_regime(regime, parts, args, seeds, info),
+                                   "parts": str(parts.folder / "parts.json")}
     write_json(result, args.results / "final.json")
     rows = []
     for name, r in result["regimes"].items():
@@ -191,4 +196,7 @@ def final(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return tune(args) if args.command == "tune" else final(args)
+    try:
+        return tune(args) if args.command == "tune" else final(args)
+    except SplitError as exc:
+        raise SystemExit(f"python -m benchmarks.convergence: {exc}") from exc

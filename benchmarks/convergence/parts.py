@@ -1,10 +1,12 @@
-"""Split one text file into three disjoint parts: training text, a tuning part and a report part.
+"""Split text files into three disjoint parts: training text, a tuning part and a report part.
 
 Hyperparameters are chosen on the tuning part and the figures are reported on the report part, which no choice
 ever looked at. The unit of the split is an article for WikiText (a top-level ``= Title =`` heading and all its
-sections, so no article straddles two parts) and a blank-line-separated block for any other text. The split is
-a seeded shuffle of the units, the same on every machine; the part files keep the source format, so
-bert_pretrain reads their documents exactly as it would read the source.
+sections, so no article straddles two parts) and for a SQuAD JSON file (its paragraphs' contexts under a
+``= Title =`` heading), and a blank-line-separated block for any other text. The units of all the sources are
+pooled and cut by a seeded shuffle, the same on every machine. The part files keep the WikiText format, so
+bert_pretrain reads their documents exactly as it would read the sources; when headed and headless sources are
+mixed, each headless block gets a heading of its own, so it stays one document there too.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ import hashlib
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from squad_finetune.squad_json import SquadFormatError, read_squad_file
 
 PARTS = ("train", "tune", "report")
 TOP_HEADING = re.compile(r"^\s*=\s[^=].*\s=\s*$")  # WikiText article title: exactly one '=' each side
@@ -58,6 +63,45 @@ def assign(n: int, *, fractions: tuple[float, float, float], seed: int) -> dict[
     return {part: sorted(cuts[part]) for part in PARTS}
 
 
+def source_units(path: Path) -> list[str]:
+    """The split units of one source file: a SQuAD JSON file's articles (title heading, then each paragraph's
+    context as one line, its line breaks made spaces: "O\\n2" would otherwise be two paragraphs), or :func:`units`
+    of a text file."""
+    if path.suffix == ".json":
+        try:
+            squad = read_squad_file(path, check_spans=False)
+        except SquadFormatError as exc:
+            raise SplitError(f"--text {path}: a .json source must be a SQuAD v1.1 file ({exc})") from exc
+        return [f" = {article['title'].replace('_', ' ')} = \n\n" + "\n\n".join(
+            " ".join(p["context"].split()) for p in article["paragraphs"]) for article in squad.data]
+    return units(path.read_text(encoding="utf-8", errors="replace"))
+
+
+def headed(unit: str) -> bool:
+    return any(ANY_HEADING.match(line) for line in unit.splitlines())
+
+
+def harmonise(chunks: list[tuple[str, str]]) -> list[str]:
+    """The units as one text format: when some (source stem, unit) pairs have WikiText headings and others have
+    none, a headless unit gets a heading of its own; in a headed file bert_pretrain would otherwise merge it into
+    the section before it (blank lines only separate paragraphs there)."""
+    if not any(headed(u) for _, u in chunks):
+        return [u for _, u in chunks]
+    return [u if headed(u) else f" = {stem} {i} = \n\n{u}" for i, (stem, u) in enumerate(chunks)]
+
+
+def sources_digest(texts: Sequence[Path]) -> str:
+    """One source: the sha256 of its bytes (as recorded before several sources were possible, so old records stay
+    valid); several: the sha256 of their digests in order. A missing file is an error naming it."""
+    if not texts:
+        raise SplitError("--text names no file")
+    for text in texts:
+        if not text.is_file():
+            raise SplitError(f"--text {text} does not exist (the default is the regime's texts under ../shared/data)")
+    digests = [hashlib.sha256(t.read_bytes()).hexdigest() for t in texts]
+    return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Parts:
     """The three part files and the manifest that says how they were made."""
@@ -70,15 +114,17 @@ class Parts:
         return self.folder / f"{part}.txt"
 
 
-def write_parts(text: Path, folder: Path, *, fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
-                seed: int = 0, max_units: int | None = None) -> Parts:
+def write_parts(texts: Path | Sequence[Path], folder: Path, *,
+                fractions: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
+                max_units: int | None = None) -> Parts:
     """Write ``folder/{train,tune,report}.txt`` and ``parts.json``; files are rewritten only when they change.
 
-    ``max_units``: split only the text's first units (the smoke test's toy scale)."""
-    if not text.is_file():
-        raise SplitError(f"--text {text} does not exist (the default is ../shared/data/wikitext-2/valid.txt)")
-    raw = text.read_text(encoding="utf-8", errors="replace")
-    chunks = units(raw)[:max_units]
+    ``texts``: one source file or several (their units pooled in order). ``max_units``: split only the pooled
+    units' first (the smoke test's toy scale)."""
+    texts = [texts] if isinstance(texts, Path) else list(texts)
+    digest = sources_digest(texts)
+    per_source = [[(text.stem, u) for u in source_units(text)] for text in texts]
+    chunks = harmonise([c for source in per_source for c in source])[:max_units]
     chosen = assign(len(chunks), fractions=fractions, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     for part, indices in chosen.items():
@@ -86,9 +132,9 @@ def write_parts(text: Path, folder: Path, *, fractions: tuple[float, float, floa
         path = folder / f"{part}.txt"
         if not path.is_file() or path.read_text(encoding="utf-8") != body:  # keep mtimes: prepared data is reused
             path.write_text(body, encoding="utf-8")
-    digest = hashlib.sha256(raw.encode()).hexdigest()
-    manifest = {"source": str(text.resolve()), "source_sha256": digest, "seed": seed, "fractions": list(fractions),
-                "max_units": max_units,
+    manifest = {"sources": [{"path": str(t.resolve()), "sha256": sources_digest([t]), "units": len(s)}
+                            for t, s in zip(texts, per_source, strict=True)],
+                "sources_sha256": digest, "seed": seed, "fractions": list(fractions), "max_units": max_units,
                 "units": len(chunks), "unit_indices": chosen}
     (folder / "parts.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return Parts(folder=folder, source_sha256=digest, units=chosen)

@@ -10,13 +10,17 @@ from typing import Any
 import pytest
 
 from benchmarks.convergence import analysis
-from benchmarks.convergence.cli import DEFAULT_TEXT, DEFAULT_VOCAB, main
+from benchmarks.convergence.cli import DATA, DEFAULT_VOCAB, main
 from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
 from benchmarks.convergence.regimes import REGIMES
+from bert_pretrain.data.documents import iter_documents
+from bert_pretrain.data.sources import resolve
 from bert_pretrain.metrics import read_rows
 
-REAL_DATA = pytest.mark.skipif(not (DEFAULT_TEXT.is_file() and DEFAULT_VOCAB.is_file()),
-                               reason=f"real data absent: {DEFAULT_TEXT} and {DEFAULT_VOCAB}")
+DEFAULT_TEXT = DATA / "wikitext-2" / "valid.txt"
+SQUAD = DATA / "squad" / "dev-v1.1-articles-00-39.json"
+REAL_DATA = pytest.mark.skipif(not (DEFAULT_TEXT.is_file() and DEFAULT_VOCAB.is_file() and SQUAD.is_file()),
+                               reason=f"real data absent: {DEFAULT_TEXT}, {SQUAD} and {DEFAULT_VOCAB}")
 
 
 def _check_disjoint_cover(parts: Any, n: int) -> None:
@@ -50,6 +54,44 @@ def test_plain_text_splits_by_block_and_refuses_too_little(tmp_path: Path) -> No
     text.write_text("one\n\ntwo\n\nthree\n")
     with pytest.raises(SplitError, match="at least 9"):
         write_parts(text, tmp_path / "few")
+
+
+def _documents(parts: Any) -> list[list[str]]:
+    return list(iter_documents(resolve([parts.path(p) for p in PARTS])))
+
+
+@REAL_DATA
+def test_wikitext_and_squad_pool_their_articles_and_each_squad_article_is_one_document(tmp_path: Path) -> None:
+    alone = write_parts(DEFAULT_TEXT, tmp_path / "wiki")
+    pooled = write_parts([DEFAULT_TEXT, SQUAD], tmp_path / "pooled")
+    squad = json.loads(SQUAD.read_text())["data"]
+    _check_disjoint_cover(pooled, len(units(DEFAULT_TEXT.read_text())) + len(squad))
+    wiki_docs, pooled_docs = _documents(alone), _documents(pooled)
+    assert len(pooled_docs) == len(wiki_docs) + len(squad)  # a SQuAD article's paragraphs stay one document
+    read = " ".join(sentence for doc in pooled_docs for sentence in doc)
+    assert all(" ".join(p["context"].split())[:60] in read for article in squad for p in article["paragraphs"])
+    assert sum(len(" ".join(d).split()) for d in pooled_docs) > 1.8 * sum(len(" ".join(d).split()) for d in wiki_docs)
+    assert all((DATA / t).is_file() for r in REGIMES.values() for t in r.texts)  # the regimes' defaults exist
+
+
+def test_headless_blocks_pooled_with_wikitext_stay_one_document_each(tmp_path: Path) -> None:
+    wiki = tmp_path / "w.txt"
+    wiki.write_text("".join(f" = Article {i} = \n\n Text of article {i} . Its second sentence .\n\n" for i in range(6)))
+    plain = tmp_path / "p.txt"
+    plain.write_text("\n\n".join(f"Block {i} has a sentence. And another one." for i in range(6)) + "\n")
+    parts = write_parts([wiki, plain], tmp_path / "parts")
+    docs = _documents(parts)
+    assert len(docs) == 12  # 6 articles + 6 blocks: no block merged into the section before it
+    assert sorted(d[0] for d in docs if d[0].startswith("Block")) == [f"Block {i} has a sentence." for i in range(6)]
+
+
+def test_a_json_text_that_is_not_squad_and_a_missing_text_are_refused_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"rows": []}')
+    with pytest.raises(SplitError, match=r"notes\.json.*SQuAD"):
+        write_parts(bad, tmp_path / "parts")
+    with pytest.raises(SystemExit, match=r"gone\.txt does not exist"):
+        main(["tune", "--regime", "small", "--text", str(tmp_path / "gone.txt"), *_common(tmp_path)])
 
 
 def test_regimes_have_equal_tuning_budgets_and_the_asked_batches() -> None:
@@ -120,7 +162,8 @@ def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> Non
     chosen = main(["tune", "--regime", "small", *_common(tmp_path)])
     tune_records = sorted((tmp_path / "results" / "small" / "tune").glob("*.json"))
     assert [r.name.split("_")[0] for r in tune_records] == ["kfac", "lamb"]
-    parts = tmp_path / "work" / "parts"
+    parts = Path(chosen["parts"]).parent
+    assert parts.parent == tmp_path / "work" / "parts"
     for path in tune_records:
         record = json.loads(path.read_text())
         command = record["command"]
@@ -145,7 +188,8 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     (tmp_path / "results" / "small" / "chosen.json").write_text(json.dumps(chosen))
     result = main(["final", "--regimes", "small", *_common(tmp_path)])
     small = result["regimes"]["small"]
-    parts = tmp_path / "work" / "parts"
+    parts = Path(small["parts"]).parent
+    assert parts.parent == tmp_path / "work" / "parts"
     for opt in ("lamb", "kfac"):
         record = json.loads((tmp_path / "results" / "small" / "final" / f"{opt}_seed1.json").read_text())
         command = record["command"]
