@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bert_pretrain.data.documents import HEADING
 from squad_finetune.squad_json import SquadFormatError, read_squad_file
 
 PARTS = ("train", "tune", "report")
 TOP_HEADING = re.compile(r"^\s*=\s[^=].*\s=\s*$")  # WikiText article title: exactly one '=' each side
-ANY_HEADING = re.compile(r"^\s*(=+)\s.*\s\1\s*$")
 MIN_UNITS = 3  # bert_pretrain needs at least 3 documents per file
 
 
@@ -34,7 +34,7 @@ class SplitError(ValueError):
 def units(text: str) -> list[str]:
     """The text's split units, in order: WikiText articles, or blank-line blocks (each without trailing space)."""
     lines = text.splitlines()
-    if any(ANY_HEADING.match(line) for line in lines):
+    if any(HEADING.match(line) for line in lines):  # bert_pretrain's own test for a WikiText file
         out: list[list[str]] = []
         for line in lines:
             if TOP_HEADING.match(line) or not out:
@@ -78,7 +78,7 @@ def source_units(path: Path) -> list[str]:
 
 
 def headed(unit: str) -> bool:
-    return any(ANY_HEADING.match(line) for line in unit.splitlines())
+    return any(HEADING.match(line) for line in unit.splitlines())
 
 
 def harmonise(chunks: list[tuple[str, str]]) -> list[str]:
