@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.common import machine, machine_line, table, write_json
 from benchmarks.convergence import analysis
-from benchmarks.convergence.parts import Parts, SplitError, sources_digest, write_parts
+from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import REGIMES, Regime, ds_config, quick
 from benchmarks.convergence.runner import RunSpec, run
@@ -78,11 +78,9 @@ def regime_of(name: str, args: argparse.Namespace) -> Regime:
 
 
 def parts_of(args: argparse.Namespace, regime: Regime) -> Parts:
-    """The three parts of ``--text`` or of the regime's texts (of their first 12 units at the quick scale), in a
-    folder named by the sources' digest, so regimes with different texts keep their own parts."""
-    texts = args.text or [DATA / t for t in regime.texts]
-    folder = args.work / "parts" / sources_digest(texts)[:12]
-    return write_parts(texts, folder, max_units=QUICK_UNITS if args.quick else None)
+    """The three parts of ``--text`` or of the regime's texts (of their first 12 units at the quick scale)."""
+    return write_parts(args.text or [DATA / t for t in regime.texts], args.work / "parts",
+                       max_units=QUICK_UNITS if args.quick else None)
 
 
 def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:

@@ -85,20 +85,25 @@ def harmonise(chunks: list[tuple[str, str]]) -> list[str]:
     """The units as one text format: when some (source stem, unit) pairs have WikiText headings and others have
     none, a headless unit gets a heading of its own; in a headed file bert_pretrain would otherwise merge it into
     the section before it (blank lines only separate paragraphs there)."""
-    if not any(headed(u) for _, u in chunks):
+    flags = [headed(u) for _, u in chunks]
+    if not any(flags):
         return [u for _, u in chunks]
-    return [u if headed(u) else f" = {stem} {i} = \n\n{u}" for i, (stem, u) in enumerate(chunks)]
+    return [u if flag else f" = {stem} {i} = \n\n{u}" for i, ((stem, u), flag) in enumerate(zip(chunks, flags))]
 
 
-def sources_digest(texts: Sequence[Path]) -> str:
-    """One source: the sha256 of its bytes (as recorded before several sources were possible, so old records stay
-    valid); several: the sha256 of their digests in order. A missing file is an error naming it."""
+def source_digests(texts: Sequence[Path]) -> list[str]:
+    """The sha256 of each source's bytes; a missing file is an error naming it."""
     if not texts:
         raise SplitError("--text names no file")
     for text in texts:
         if not text.is_file():
             raise SplitError(f"--text {text} does not exist (the default is the regime's texts under ../shared/data)")
-    digests = [hashlib.sha256(t.read_bytes()).hexdigest() for t in texts]
+    return [hashlib.sha256(t.read_bytes()).hexdigest() for t in texts]
+
+
+def pooled_digest(digests: list[str]) -> str:
+    """One source: its own digest (as recorded before several sources were possible, so old records stay valid);
+    several: the sha256 of their digests in order."""
     return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
@@ -114,15 +119,18 @@ class Parts:
         return self.folder / f"{part}.txt"
 
 
-def write_parts(texts: Path | Sequence[Path], folder: Path, *,
+def write_parts(texts: Path | Sequence[Path], root: Path, *,
                 fractions: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
                 max_units: int | None = None) -> Parts:
-    """Write ``folder/{train,tune,report}.txt`` and ``parts.json``; files are rewritten only when they change.
+    """Write ``{train,tune,report}.txt`` and ``parts.json`` into ``root/<the sources' digest, 12 hex>/``, so
+    different texts keep their own parts; files are rewritten only when they change.
 
     ``texts``: one source file or several (their units pooled in order). ``max_units``: split only the pooled
     units' first (the smoke test's toy scale)."""
     texts = [texts] if isinstance(texts, Path) else list(texts)
-    digest = sources_digest(texts)
+    digests = source_digests(texts)
+    digest = pooled_digest(digests)
+    folder = root / digest[:12]
     per_source = [[(text.stem, u) for u in source_units(text)] for text in texts]
     chunks = harmonise([c for source in per_source for c in source])[:max_units]
     chosen = assign(len(chunks), fractions=fractions, seed=seed)
@@ -132,8 +140,8 @@ def write_parts(texts: Path | Sequence[Path], folder: Path, *,
         path = folder / f"{part}.txt"
         if not path.is_file() or path.read_text(encoding="utf-8") != body:  # keep mtimes: prepared data is reused
             path.write_text(body, encoding="utf-8")
-    manifest = {"sources": [{"path": str(t.resolve()), "sha256": sources_digest([t]), "units": len(s)}
-                            for t, s in zip(texts, per_source, strict=True)],
+    manifest = {"sources": [{"path": str(t.resolve()), "sha256": d, "units": len(s)}
+                            for t, d, s in zip(texts, digests, per_source, strict=True)],
                 "sources_sha256": digest, "seed": seed, "fractions": list(fractions), "max_units": max_units,
                 "units": len(chunks), "unit_indices": chosen}
     (folder / "parts.json").write_text(json.dumps(manifest, indent=1) + "\n")
