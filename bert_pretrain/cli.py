@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bert_pretrain.data.documents import SPLITS
-from bert_pretrain.data.prepare import MAX_UNK_RATE
+from bert_pretrain.data.tokenizer import MAX_UNK_RATE
 from bert_pretrain.eval_sets import named_text
 
 

@@ -40,7 +40,14 @@ from bert_pretrain.data.token_store import (
     tokenize_to_file,
     write_rows,
 )
-from bert_pretrain.data.tokenizer import load_tokenizer, train_vocab, vocab_digest
+from bert_pretrain.data.tokenizer import (
+    MAX_UNK_RATE,
+    check_coverage,
+    check_vocab_size,
+    load_tokenizer,
+    train_vocab,
+    vocab_digest,
+)
 from bert_pretrain.files import write_atomic
 
 logger = logging.getLogger(__name__)
@@ -50,8 +57,6 @@ BATCH_TOKENS = 1 << 17  # tokens of documents per datasets.map() call of example
 CALL_ROWS_MAX = 1 << 20  # map()'s writer_batch_size: far above a call's examples, so each call is one record batch
 
 
-MAX_UNK_RATE = 0.2  # share of [UNK] in the tokenized corpus above which the text and vocabulary do not match
-MIN_VOCAB = 100  # tokens a vocabulary needs at least (BERT's has 30,522; a trained one usually thousands)
 
 
 def input_fingerprint(paths: list[Path], *, text_column: str = "text",
@@ -107,19 +112,15 @@ def prepare_vocab(docs: Iterable[list[str]], out_dir: Path, *, inputs: list[list
     return path
 
 
-def check_coverage(counts: TokenCounts, tok: Any, *, texts: list[Path], vocab: Path | None,
-                   max_unk_rate: float) -> None:
+def check_vocab_coverage(counts: TokenCounts, tok: Any, *, texts: list[Path], vocab: Path | None,
+                         max_unk_rate: float) -> None:
     """Refuse a vocabulary far too small for anything, or one that leaves the corpus mostly [UNK]."""
     source = f"--vocab {vocab}" if vocab is not None else "the vocabulary trained on --data"
-    if len(tok) < MIN_VOCAB:
-        raise DataError(f"{source} has {len(tok)} tokens; at least {MIN_VOCAB} are needed (BERT's has 30,522): give "
-                        "a real BERT vocab.txt, or more text to train one on")
-    total, unk = counts.tokens, counts.unknown
-    if total and unk / total > max_unk_rate:
-        names = " ".join(str(p) for p in texts)
-        raise DataError(f"--data {names}: {unk / total:.0%} of its {total} tokens are [UNK] with {source} (more than "
-                        f"--max-unk-rate {max_unk_rate:g}); the text is not what the vocabulary was made for (binary "
-                        "data, another language or encoding?). Check the files and --vocab, or raise --max-unk-rate")
+    check_vocab_size(tok, source=source)
+    if not counts.tokens:
+        return  # an empty corpus is refused where documents are counted
+    check_coverage(unknown=counts.unknown, total=counts.tokens, data="--data " + " ".join(str(p) for p in texts),
+                   source=source, max_unk_rate=max_unk_rate)
 
 
 def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[Sequence[int], Sequence[int]]:
@@ -219,7 +220,7 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
     """Tokenise ``docs`` into ``work``, check them, and write ``folder/{train,heldout}``."""
     counts = run_forked(lambda: tokenize_to_file(docs, tok, work / "docs.arrow"), what="tokenising")
     train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=settings.seed)
-    check_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
+    check_vocab_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
     manifest["vocab_digest"] = vocab_digest(vocab_path)
