@@ -13,6 +13,7 @@ still load. Both calls are collectives: run them on all ranks.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
     """Make ``engine.save_checkpoint`` / ``engine.load_checkpoint`` carry the complete K-FAC state."""
     save, load = engine.save_checkpoint, engine.load_checkpoint
 
+    @functools.wraps(save)  # DeepSpeed's signature: the HF Trainer probes it for exclude_frozen_parameters
     def save_checkpoint(save_dir: str, tag: Any = None, client_state: dict[str, Any] | None = None,
                         *args: Any, **kwargs: Any) -> Any:
         tag = tag if tag is not None else f"global_step{engine.global_steps}"  # DeepSpeed's own default
@@ -41,6 +43,7 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
         save_shards(kfac, Path(save_dir) / str(tag))
         return result
 
+    @functools.wraps(load)
     def load_checkpoint(load_dir: str, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
             path, client_state = load(load_dir, tag, *args, **kwargs)

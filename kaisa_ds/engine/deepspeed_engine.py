@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import math
 from typing import Any
 
 import deepspeed
@@ -37,13 +38,17 @@ from kaisa_ds.engine.ds_config import (
     poly_warmup_from_config,
 )
 from kaisa_ds.engine.fp16_fix import apply_fp16_fix, needs_fp16_fix
-from kaisa_ds.engine.grad_access import EngineGradAccessor
+from kaisa_ds.engine.grad_access import EngineGradAccessor, engine_loss_scale, engine_skips_step
 from kaisa_ds.engine.launch import skip_cpu_shm_build
 from kaisa_ds.engine.monitor import report
 from kaisa_ds.optim.select import is_lamb_config, lamb_from_ds_config
 from kaisa_ds.preconditioner import KFACPreconditioner
 
 logger = logging.getLogger(__name__)
+LOSS_FACTOR = "kfac_loss_factor"  # engine attribute: how much larger the back-propagated loss is than K-FAC's
+# convention (micro-batch mean / accumulation passes), beyond the loss scale; set by callers that know it (the Trainer)
+REPORT_EVERY = "kfac_report_every"  # engine attribute: report every this many steps when steps_per_print is unusable
+KFAC_OF_MODULE = "_kaisa_ds_kfac"  # module attribute: the preconditioner whose hooks are on it
 
 
 def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model_parameters: Any = None,
@@ -73,7 +78,7 @@ def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model
     engine, optimizer, loader, scheduler = deepspeed.initialize(
         args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
         training_data=training_data, lr_scheduler=lr_scheduler, config=cfg, **kwargs)
-    finish_engine(engine, section)
+    finish_engine(engine, section, present="kfac" in cfg)
     return engine, optimizer, loader, scheduler
 
 
@@ -89,27 +94,39 @@ def enable_on_engine(engine: Any) -> KFACPreconditioner | None:
     section = parse_kfac_section(cfg)
     client = getattr(engine, "client_optimizer", None)
     check_supported(cfg, section, lamb=is_lamb_config(cfg.get("optimizer")) or "lamb" in type(client).__name__.lower())
-    return finish_engine(engine, section)
+    return finish_engine(engine, section, present="kfac" in cfg)
 
 
-def finish_engine(engine: Any, section: KFACSection) -> KFACPreconditioner | None:
-    """What every freshly built engine needs: the fp16 ZeRO-0 loss-scaling fix and, if enabled, K-FAC."""
+def finish_engine(engine: Any, section: KFACSection, *, present: bool) -> KFACPreconditioner | None:
+    """What every freshly built engine needs: the fp16 ZeRO-0 loss-scaling fix and, if enabled, K-FAC.
+
+    A config without an enabled ``kfac`` section gets a warning: the caller asked kaisa_ds for K-FAC."""
     if needs_fp16_fix(engine, deepspeed.__version__):
         apply_fp16_fix(engine)
     engine.kfac = None
     if section.enabled:
         assert section.config is not None
         engine.kfac = attach_kfac(engine, section.config, auto_step=section.auto_step)
+    else:
+        why = "its \"kfac\" section has \"enabled\": false" if present else "it has no \"kfac\" section"
+        logger.warning("kaisa_ds: K-FAC is OFF: the DeepSpeed config given to this engine has no enabled K-FAC "
+                       "(%s), so DeepSpeed trains with its optimizer alone. Add \"kfac\": {\"enabled\": true, ...} "
+                       "to the config to precondition with K-FAC", why)
     return engine.kfac  # type: ignore[no-any-return]
 
 
 def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPreconditioner:
     """Build the preconditioner for a DeepSpeed engine; with ``auto_step`` it runs inside ``engine.step``."""
+    previous = getattr(engine.module, KFAC_OF_MODULE, None)
+    if previous is not None:  # a second engine on the same model (the Trainer's auto_find_batch_size retry)
+        previous.remove_hooks()
+        logger.info("kaisa_ds: removed the hooks of the K-FAC preconditioner of this model's previous engine")
     kfac = KFACPreconditioner(
         engine.module, config=config, grad_accessor=EngineGradAccessor(zero_stage=engine.zero_optimization_stage()),
-        loss_scale=lambda: float(getattr(engine.optimizer, "loss_scale", 1.0)),
+        loss_scale=lambda: engine_loss_scale(engine) * float(getattr(engine, LOSS_FACTOR, 1.0)),
         lr=lambda step: float(engine.get_lr()[0]),
         accumulation_steps=int(engine.gradient_accumulation_steps()))  # the last pass starts factor reductions
+    object.__setattr__(engine.module, KFAC_OF_MODULE, kfac)  # a plain attribute: not a submodule or state
     wrap_checkpointing(engine, kfac)
     wrap_step(engine, kfac, auto_step=auto_step)
     logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s)",
@@ -129,8 +146,11 @@ def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if engine.is_gradient_accumulation_boundary():
-            every = engine.steps_per_print() or 0  # DeepSpeed 0.19's default is None: never report
+            every = report_interval(engine)
             print_now = every > 0 and (engine.global_steps + 1) % every == 0
+            if engine_skips_step(engine) and not window["stepped"]:  # an overflow anywhere, K-FAC's layers or not
+                skip_window(kfac)
+                window["stepped"] = True
             if auto_step and not window["stepped"]:
                 kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
                 kfac.step()  # the attribute: callers may have wrapped it again
@@ -141,3 +161,23 @@ def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None
 
     kfac.step = step_kfac  # type: ignore[method-assign]
     engine.step = step
+
+
+def skip_window(kfac: KFACPreconditioner) -> None:
+    """Drop the window DeepSpeed is about to skip, as K-FAC drops a window of its own with non-finite values."""
+    kfac.skipped_windows += 1
+    kfac.discard_window()
+    kfac.take_capture_seconds()
+    logger.warning("kaisa_ds: DeepSpeed skips step %d (gradient overflow); the K-FAC window is dropped too "
+                   "(%d skipped so far)", kfac.steps, kfac.skipped_windows)
+    kfac.steps += 1
+
+
+def report_interval(engine: Any) -> int:
+    """Steps between K-FAC reports: ``steps_per_print`` when it is a positive integer; else the interval a caller
+    set (``engine.kfac_report_every``: the Trainer's ``logging_steps``, since accelerate sets ``steps_per_print``
+    to infinity); else 0, never (DeepSpeed 0.19's default ``steps_per_print`` is None)."""
+    every = engine.steps_per_print()
+    if isinstance(every, (int, float)) and math.isfinite(every) and every >= 1:
+        return int(every)
+    return int(getattr(engine, REPORT_EVERY, 0) or 0)

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -41,3 +43,41 @@ class EngineGradAccessor:
             from deepspeed.utils import safe_set_full_grad
 
             safe_set_full_grad(param, grad)
+
+
+def engine_loss_scale(engine: Any) -> float:
+    """The factor DeepSpeed multiplied the loss by before ``backward``: the fp16 optimizer's dynamic scale, or the
+    ``torch.amp.GradScaler`` DeepSpeed keeps for ``"torch_autocast": {"dtype": "fp16"}`` (ZeRO-0 on the engine,
+    ZeRO-1/2 on the optimizer); 1.0 for fp32 and bf16."""
+    for scaler in (getattr(engine, "torch_autocast_z0_gradscaler", None),
+                   getattr(engine.optimizer, "torch_autocast_gradscaler", None)):
+        if scaler is not None and scaler.is_enabled():
+            return float(scaler.get_scale())
+    return float(getattr(engine.optimizer, "loss_scale", 1.0))
+
+
+def engine_skips_step(engine: Any) -> bool:
+    """Whether DeepSpeed's coming ``step()`` will skip this window for an overflow, decided as DeepSpeed decides it
+    (over every parameter, all ranks agreeing). A collective on fp16 engines: every rank calls it on the boundary.
+    Always False for fp32 and bf16, which DeepSpeed never skips."""
+    optimizer = engine.optimizer
+    if getattr(engine, "torch_autocast_z0_gradscaler", None) is not None:
+        return _any_rank(not all(bool(torch.isfinite(p.grad).all()) for p in engine.module.parameters()
+                                 if p.grad is not None), engine)
+    if not engine.fp16_enabled():
+        return False
+    checker = getattr(optimizer, "overflow_checker", None)
+    if checker is not None:  # FP16_UnfusedOptimizer / FP16_Optimizer (ZeRO-0): all-reduces the flag itself
+        return bool(checker.check())
+    if hasattr(optimizer, "has_overflow") and hasattr(optimizer, "averaged_gradients"):  # ZeRO-1/2
+        return bool(optimizer.has_overflow(partition_gradients=True))
+    return False
+
+
+def _any_rank(flag: bool, engine: Any) -> bool:
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return flag
+    device = next(engine.module.parameters()).device
+    t = torch.tensor([float(flag)], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item() > 0)

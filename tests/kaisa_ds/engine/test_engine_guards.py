@@ -111,6 +111,9 @@ class _FakeEngine:
     def steps_per_print(self) -> int:
         return 1000
 
+    def fp16_enabled(self) -> bool:
+        return False
+
     def step(self) -> None:
         self.optimizer.step()
         self.optimizer.zero_grad()
@@ -160,3 +163,76 @@ def test_a_config_without_steps_per_print_trains() -> None:
     from tests.support.launch import run_distributed
 
     assert run_distributed(_train_without_steps_per_print, 1) == [2]
+
+
+def _engine_glue(rank: int, world: int) -> dict[str, Any]:
+    """One DeepSpeed process for the engine glue the HF Trainer relies on (issue 22): the checkpoint wrappers keep
+    DeepSpeed's signature, a second engine on one model leaves one set of hooks, a config without K-FAC says so,
+    and torch_autocast fp16 (a GradScaler inside DeepSpeed) is divided out of K-FAC's statistics."""
+    import inspect
+    import logging
+    import os
+
+    os.environ.setdefault("LOCAL_RANK", str(rank))
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("kaisa_ds").addHandler(handler)
+    sgd = {"type": "SGD", "params": {"lr": 0.1}}
+    out: dict[str, Any] = {}
+    torch.manual_seed(0)
+    model = TinyMLP()
+    x, y = torch.randn(2, 6), torch.randn(2, 4)
+    cfg = {**BASE, "optimizer": sgd, "kfac": {"damping": 0.01}}
+    engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    out["save_params"] = list(inspect.signature(engine.save_checkpoint).parameters)
+    out["hooks_first"] = len(model.fc1._forward_hooks)
+    engine.backward(F.mse_loss(engine(x), y))
+    engine.step()
+    out["g_fp32"] = engine.kfac.layers["fc1"].g_factor.clone()
+    kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=cfg)  # auto_find_batch_size's retry
+    out["hooks_second"] = len(model.fc1._forward_hooks)
+    messages.clear()
+    kaisa_ds.initialize(model=TinyMLP(), config={**BASE, "optimizer": sgd})
+    out["no_section"] = list(messages)
+    messages.clear()
+    kaisa_ds.initialize(model=TinyMLP(), config={**BASE, "optimizer": sgd, "kfac": {"enabled": False}})
+    out["disabled"] = list(messages)
+    torch.manual_seed(0)
+    model = TinyMLP()
+    auto = {**cfg, "torch_autocast": {"enabled": True, "dtype": "fp16"}}
+    engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=auto)
+    out["autocast_scale"] = (engine.kfac.loss_scale(), float(engine.torch_autocast_z0_gradscaler.get_scale()))
+    engine.backward(F.mse_loss(engine(x), y))
+    engine.step()
+    out["g_autocast"] = engine.kfac.layers["fc1"].g_factor.clone()
+    return out
+
+
+@pytest.fixture(scope="module")
+def glue() -> dict[str, Any]:
+    from tests.support.launch import run_distributed
+
+    return run_distributed(_engine_glue, 1)[0]  # type: ignore[no-any-return]
+
+
+def test_checkpoint_wrappers_keep_deepspeeds_signature(glue: dict[str, Any]) -> None:
+    """The HF Trainer passes exclude_frozen_parameters=True (PEFT checkpoints without the frozen base) only when
+    the engine's save_checkpoint signature names it."""
+    assert "exclude_frozen_parameters" in glue["save_params"]
+
+
+def test_a_second_engine_on_the_same_model_removes_the_first_preconditioners_hooks(glue: dict[str, Any]) -> None:
+    assert glue["hooks_first"] == glue["hooks_second"] == 1
+
+
+@pytest.mark.parametrize(("key", "why"), [("no_section", "no \"kfac\" section"), ("disabled", "\"enabled\": false")])
+def test_a_config_without_enabled_kfac_warns_that_kfac_is_off(glue: dict[str, Any], key: str, why: str) -> None:
+    assert any("K-FAC is OFF" in m and why in m for m in glue[key]), glue[key]
+
+
+def test_torch_autocast_fp16_loss_scale_is_divided_out_of_the_factors(glue: dict[str, Any]) -> None:
+    kfac_scale, scaler_scale = glue["autocast_scale"]
+    assert kfac_scale == scaler_scale > 1.0
+    fp32, autocast = glue["g_fp32"], glue["g_autocast"]
+    assert (autocast - fp32).abs().max() <= 1e-2 * fp32.abs().max()  # fp16 rounding of the backward only

@@ -1,0 +1,194 @@
+"""Run by the deepspeed launcher from test_hf_trainer_modes.py: the HF Trainer + ``kaisa_ds.enable_kfac`` as Trainer
+users run it (issue 22), several Trainer runs per launch (each launch costs ~20 s of start-up on 2 CPU ranks).
+
+Usage: deepspeed --num_gpus 2 hf_modes_worker.py GROUP OUT  (every rank writes OUT.rank<r>.pt)
+Groups: ``core`` (loss conventions, reporting, an overflow outside K-FAC's layers, misuse), ``modes`` (slow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import kaisa_ds
+from tests.kaisa_ds.engine.hf_worker import GAS, KFAC, LR, MICRO, factors, window_losses
+from tests.support.models import masked_lm_examples, tiny_bert_mlm
+
+MESSAGES: list[str] = []  # kaisa_ds log records of this rank
+
+
+class _Collect(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        MESSAGES.append(record.getMessage())
+
+
+def ds_config(*, kfac: dict | None = KFAC, fp16: bool = False, bf16: bool = False, stage: int = 0,
+              extra: dict | None = None) -> dict:
+    cfg: dict = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                 "train_batch_size": "auto", "gradient_clipping": "auto", "zero_optimization": {"stage": stage}}
+    if kfac is not None:
+        cfg["kfac"] = kfac
+    if fp16:
+        cfg["fp16"] = {"enabled": "auto", "initial_scale_power": 8}
+    if bf16:
+        cfg["bf16"] = {"enabled": "auto"}
+    return {**cfg, **(extra or {})}
+
+
+def args_for(out: str, cfg: dict, *, steps: int = 3, **overrides: Any) -> Any:
+    from transformers import TrainingArguments
+
+    base: dict[str, Any] = dict(
+        output_dir=out, per_device_train_batch_size=MICRO, gradient_accumulation_steps=GAS, max_steps=steps,
+        learning_rate=LR, max_grad_norm=1.0, logging_steps=1, report_to=[], disable_tqdm=True, seed=0, use_cpu=True,
+        save_strategy="no", deepspeed=cfg)
+    base.update(overrides)
+    return TrainingArguments(**base)
+
+
+class LossRecorder:
+    """A TrainerCallback-free record of each micro-batch's loss (the Trainer's training_step return)."""
+
+    @staticmethod
+    def trainer_class() -> Any:
+        from transformers import Trainer
+
+        class RecordingTrainer(Trainer):
+            micro_losses: list[float]
+
+            def training_step(self, model: Any, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
+                loss = super().training_step(model, inputs, num_items_in_batch)
+                self.micro_losses.append(float(loss))
+                return loss
+
+        return RecordingTrainer
+
+
+def build(args: Any, *, model: Any = None, loss_func: Callable[..., Any] | None = None, enable: bool = True,
+          examples: int = 64, **kwargs: Any) -> Any:
+    trainer = LossRecorder.trainer_class()(model=model if model is not None else tiny_bert_mlm(), args=args,
+                                           train_dataset=masked_lm_examples(examples), compute_loss_func=loss_func,
+                                           **kwargs)
+    trainer.micro_losses = []
+    if enable:
+        kaisa_ds.enable_kfac(trainer)
+    return trainer
+
+
+def summary(trainer: Any, initial: dict[str, torch.Tensor]) -> dict:
+    engine = trainer.model_wrapped
+    kfac = getattr(engine, "kfac", None)
+    return {"losses": window_losses(trainer.micro_losses, GAS),
+            "update": {n: (p.detach().float() - initial[n]).clone() for n, p in engine.module.named_parameters()
+                       if n in initial},
+            "factors": factors(kfac) if kfac is not None else {}, "kfac_steps": kfac.steps if kfac else None,
+            "skipped_windows": kfac.skipped_windows if kfac else None, "skipped_steps": engine.skipped_steps}
+
+
+def run(trainer: Any, **train_kwargs: Any) -> dict:
+    initial = {n: p.detach().float().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train(**train_kwargs)
+    return summary(trainer, initial)
+
+
+def mean_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+    """The common compute_loss_func: the micro-batch mean, ignoring num_items_in_batch."""
+    logits = outputs.logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+
+
+def token_normalised_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+    """The Trainer's own convention: the sum over labelled tokens divided by num_items_in_batch."""
+    logits = outputs.logits
+    total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                            reduction="sum")
+    return total / num_items_in_batch
+
+
+def core(work: str) -> dict:
+    """Loss conventions (item 1), K-FAC reporting (6), an overflow outside K-FAC's layers (9), misuse (3/11)."""
+    res: dict = {}
+    csv = {"csv_monitor": {"enabled": True, "output_path": work + "-csv", "job_name": "kfac"}}
+    res["own"] = run(build(args_for(work + "-own", ds_config(extra=csv))))
+    res["mean_func"] = run(build(args_for(work + "-mean", ds_config()), loss_func=mean_loss))
+    res["normalised_func"] = run(build(args_for(work + "-norm", ds_config()), loss_func=token_normalised_loss))
+    res["csv"] = work + "-csv"
+
+    # fp16, embeddings skipped by K-FAC, an inf only in the position embeddings' gradient on rank 1 in window 1
+    skip = {**KFAC, "skip_layers": ["embeddings"]}
+    trainer = build(args_for(work + "-fp16", ds_config(kfac=skip, fp16=True), steps=4, fp16=True))
+    rank, calls = int(os.environ["RANK"]), {"n": 0}
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return grad * float("inf") if rank == 1 and (calls["n"] - 1) // GAS == 1 else grad
+
+    trainer.model.bert.embeddings.position_embeddings.weight.register_hook(poison)  # not tied
+    res["skipped_layer_overflow"] = run(trainer)
+    res["skipped_layer_overflow"]["kfac_layers"] = sorted(trainer.model_wrapped.kfac.layers)
+
+    # misuse: twice, after train(), a config whose kfac section is disabled, a new Accelerator (hp search's trial)
+    MESSAGES.clear()
+    trainer = build(args_for(work + "-twice", ds_config(), steps=2))
+    kaisa_ds.enable_kfac(trainer)
+    res["twice_messages"] = list(MESSAGES)
+    run(trainer)
+    try:
+        kaisa_ds.enable_kfac(trainer)
+        res["after_train"] = "no error"
+    except ValueError as exc:
+        res["after_train"] = str(exc)
+    from transformers.trainer_utils import HPSearchBackend
+
+    search = LossRecorder.trainer_class()(model_init=lambda: tiny_bert_mlm(), train_dataset=masked_lm_examples(64),
+                                          args=args_for(work + "-hp", ds_config(), steps=2))
+    kaisa_ds.enable_kfac(search)
+    search.hp_search_backend = HPSearchBackend.RAY  # what hyperparameter_search sets: a new Accelerator per trial
+    res["trials"] = []
+    for lr in (LR, LR / 2):
+        search.micro_losses = []
+        search._hp_search_setup({"learning_rate": lr})  # hyperparameter_search's per-trial setup (ray's dict trial)
+        search.train()
+        res["trials"].append(getattr(search.model_wrapped, "kfac", None) is not None
+                             and search.model_wrapped.kfac.steps == 2)
+    MESSAGES.clear()
+    disabled = build(args_for(work + "-off", ds_config(kfac={"enabled": False}), steps=2))
+    res["disabled_messages"] = list(MESSAGES)
+    plain = build(args_for(work + "-plain", ds_config(kfac=None), steps=2), enable=False)
+    res["accepts_loss_kwargs"] = (disabled.model_accepts_loss_kwargs, plain.model_accepts_loss_kwargs)
+    res["disabled"] = run(disabled)
+    return res
+
+
+GROUPS: dict[str, Callable[[str], dict]] = {"core": core}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("group", choices=sorted(GROUPS))
+    parser.add_argument("out")
+    parser.add_argument("--local_rank", type=int, default=0)
+    args = parser.parse_args()
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().is_fp16_supported = lambda: True  # CPU: lift DeepSpeed's fp16 refusal
+    from kaisa_ds.engine.launch import init_distributed
+
+    logging.getLogger("kaisa_ds").addHandler(_Collect())
+    logging.getLogger("kaisa_ds").setLevel(logging.INFO)
+    rank, _ = init_distributed()
+    results = GROUPS[args.group](f"{args.out}.work")
+    torch.save(results, f"{args.out}.rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()
