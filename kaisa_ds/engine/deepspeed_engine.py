@@ -98,10 +98,11 @@ def enable_on_engine(engine: Any) -> KFACPreconditioner | None:
 
 
 def finish_engine(engine: Any, section: KFACSection, *, present: bool) -> KFACPreconditioner | None:
-    """What every freshly built engine needs: the fp16 ZeRO-0 loss-scaling fix and, if enabled, K-FAC.
+    """What every freshly built engine needs: the fp16 ZeRO-0 loss-scaling fix (where DeepSpeed has the defect) and,
+    if enabled, K-FAC.
 
     A config without an enabled ``kfac`` section gets a warning: the caller asked kaisa_ds for K-FAC."""
-    if needs_fp16_fix(engine, deepspeed.__version__):
+    if needs_fp16_fix(engine):
         apply_fp16_fix(engine)
     engine.kfac = None
     if section.enabled:

@@ -43,39 +43,52 @@ def test_initialize_refuses_a_lamb_instance_on_zero_partitions() -> None:
                             config={**BASE, "zero_optimization": {"stage": 2}})
 
 
-class _FakeFP16Engine:
-    def __init__(self, *, fp16: bool, optimizer: Any) -> None:
-        self.optimizer, self._fp16 = optimizer, fp16
-        self.seen: list[float] = []
-
-    def fp16_enabled(self) -> bool:
-        return self._fp16
-
-    def backward(self, loss: torch.Tensor) -> torch.Tensor:
-        self.seen.append(float(loss))
-        return loss / 2  # like DeepSpeed with gradient_accumulation_steps = 2
-
-
 class _Scaled:
     loss_scale = 256.0
 
 
-def test_fp16_fix_is_gated_on_version_precision_and_zero() -> None:
+class _FakeFP16Engine:
+    """DeepSpeed's fp16 ZeRO-0 ``engine.backward`` with accumulation 2: with the 0.19.x defect it never multiplies
+    the loss by the loss scale (``scales=False``); a release that fixes it does (``scales=True``)."""
+
+    def __init__(self, *, fp16: bool = True, optimizer: Any = None, scales: bool = False) -> None:
+        self.optimizer, self._fp16, self.scales = optimizer or _Scaled(), fp16, scales
+        self.weight = torch.nn.Parameter(torch.tensor(1.0))
+
+    def fp16_enabled(self) -> bool:
+        return self._fp16
+
+    def gradient_accumulation_steps(self) -> int:
+        return 2
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        loss = loss / 2 if scale_wrt_gas else loss
+        (loss * self.optimizer.loss_scale if self.scales else loss).backward()
+        return loss
+
+
+def test_fp16_fix_is_gated_on_precision_zero_and_autocast() -> None:
     from deepspeed.runtime.base_optimizer import ZeROOptimizer
 
-    plain = _FakeFP16Engine(fp16=True, optimizer=_Scaled())
-    assert needs_fp16_fix(plain, "0.19.8") and needs_fp16_fix(plain, "0.19.8+cu121")
-    assert not needs_fp16_fix(plain, "0.20.0") and not needs_fp16_fix(plain, "0.18.9")
-    assert not needs_fp16_fix(_FakeFP16Engine(fp16=False, optimizer=_Scaled()), "0.19.8")
-    zero = _FakeFP16Engine(fp16=True, optimizer=ZeROOptimizer.__new__(ZeROOptimizer))
-    assert not needs_fp16_fix(zero, "0.19.8")
+    assert needs_fp16_fix(_FakeFP16Engine())
+    assert not needs_fp16_fix(_FakeFP16Engine(fp16=False))
+    assert not needs_fp16_fix(_FakeFP16Engine(optimizer=ZeROOptimizer.__new__(ZeROOptimizer)))
 
 
-def test_fp16_fix_scales_the_backward_loss_and_returns_the_callers() -> None:
-    engine = _FakeFP16Engine(fp16=True, optimizer=_Scaled())
+@pytest.mark.parametrize("scales", [False, True], ids=["deepspeed-0.19.8", "a-release-that-fixes-it"])
+def test_fp16_fix_scales_the_loss_exactly_once_whatever_deepspeed_does(scales: bool) -> None:
+    """The fix follows what DeepSpeed's backward does (measured on the first call), not its version: a patch
+    release that scales the loss itself must not get it scaled twice."""
+    engine = _FakeFP16Engine(scales=scales)
     apply_fp16_fix(engine)
-    returned = engine.backward(torch.tensor(3.0))
-    assert engine.seen == [768.0] and float(returned) == pytest.approx(1.5)
+    for call in range(3):  # the first call measures, the later ones use what it found
+        engine.weight.grad = None
+        returned = engine.backward(engine.weight * 3.0)
+        assert float(engine.weight.grad) == 256.0 * 3.0 / 2, call
+        assert float(returned) == pytest.approx(1.5)  # the caller's loss / accumulation, as DeepSpeed returns it
+    engine.weight.grad = None
+    engine.backward(engine.weight * 3.0, scale_wrt_gas=False)  # the HF Trainer's call
+    assert float(engine.weight.grad) == 256.0 * 3.0
 
 
 def test_bf16_optimizer_gradients_are_read_and_written_in_its_fp32_buffer() -> None:
