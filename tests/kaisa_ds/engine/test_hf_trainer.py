@@ -1,4 +1,4 @@
-"""kaisa_ds.enable_kfac inside the HF Trainer (transformers 5.23 + accelerate + DeepSpeed 0.19.8) on 2 CPU ranks
+"""kaisa_ds.enable_kfac inside the HF Trainer (transformers 5.24 + accelerate 1.15 + DeepSpeed 0.19.8) on 2 CPU ranks
 under the deepspeed launcher: a tiny BertForMaskedLM whose per-step losses and K-FAC factors match the same run
 through kaisa_ds.initialize, the order K-FAC / clip / optimizer, checkpoint resume, and fp16 overflow windows."""
 

@@ -73,3 +73,46 @@ def test_enable_kfac_misuse_says_what_kfac_does(core: dict) -> None:
     assert core["disabled"]["kfac_steps"] is None
     disabled, plain = core["accepts_loss_kwargs"]
     assert disabled is plain is True  # the Trainer's own loss weighting stays when K-FAC is off
+
+
+NO_DEEPSPEED = """
+import torch, kaisa_ds
+from transformers import Trainer, TrainingArguments
+trainer = Trainer(model=torch.nn.Linear(2, 2), args=TrainingArguments(output_dir={out!r}, use_cpu=True, report_to=[]))
+try:
+    kaisa_ds.enable_kfac(trainer)
+except ValueError as exc:
+    print("REFUSED:", exc)
+"""
+
+
+def test_enable_kfac_refuses_a_trainer_without_deepspeed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.support.launch import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-c", NO_DEEPSPEED.format(out=str(tmp_path))], capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO_ROOT), check=True)
+    assert "REFUSED:" in proc.stdout and "does not use DeepSpeed" in proc.stdout and "deepspeed=" in proc.stdout
+
+
+def test_the_trainer_internals_enable_kfac_relies_on_exist() -> None:
+    """enable_kfac works through these transformers / accelerate internals (pyproject bounds them to the tested
+    releases, transformers 5.24 and accelerate 1.15): a release that renamed one would change what K-FAC does
+    silently, so a CI job run at the lowest bounds fails here first."""
+    import dataclasses
+    import inspect
+
+    from accelerate.utils.deepspeed import DeepSpeedEngineWrapper
+    from transformers import Trainer, TrainingArguments
+
+    for name in ("create_accelerator_and_postprocess", "_hp_search_setup", "training_step", "compute_loss"):
+        assert callable(getattr(Trainer, name, None)), name
+    assert "loss_is_scaled_for_ga" in vars(Trainer)
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert {"average_tokens_across_devices", "save_on_each_node", "logging_steps"} <= fields
+    step = inspect.getsource(Trainer.training_step)
+    assert "current_gradient_accumulation_steps" in step and "scale_wrt_gas" in step
+    assert "compute_loss_func" in inspect.getsource(Trainer.compute_loss)
+    assert "engine.step()" in inspect.getsource(DeepSpeedEngineWrapper.backward)  # DeepSpeed's step inside backward
