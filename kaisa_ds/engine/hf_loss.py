@@ -76,12 +76,16 @@ def classify(loss: float, doubled: float) -> bool | None:
 
 
 def loss_factor(trainer: Any, *, normalised: bool, counted: bool) -> float:
-    """How much larger the loss the Trainer back-propagates is than K-FAC's convention (mean / accumulation)."""
-    accumulation = int(getattr(trainer, "current_gradient_accumulation_steps", 0)
-                       or trainer.args.gradient_accumulation_steps)
-    scaled_for_ga = getattr(trainer, "loss_is_scaled_for_ga", None)
-    trainer_divides = scaled_for_ga is False  # with compute_loss_func the Trainer otherwise takes it as scaled
-    if normalised:  # a mean over the accumulated (global) batch: K-FAC's convention already
-        return 1.0 / accumulation if trainer_divides else 1.0
-    world = trainer.accelerator.num_processes if counted and trainer.args.average_tokens_across_devices else 1
-    return float(world * (1 if trainer_divides else accumulation))
+    """How much larger the loss the Trainer back-propagates for this micro-batch is than K-FAC's convention: the
+    micro-batch mean divided by the passes of this window (a short window at an epoch's end has fewer; K-FAC
+    scales its statistics by the passes it saw, so the model's own loss, which the Trainer divides the same way,
+    needs no factor)."""
+    current = int(getattr(trainer, "current_gradient_accumulation_steps", 0)
+                  or trainer.args.gradient_accumulation_steps)
+    divides = getattr(trainer, "loss_is_scaled_for_ga", None) is False  # else a compute_loss_func's loss is taken
+    if normalised:  # as scaled: a mean over the window's (global) items, each micro-batch's share 1 / current
+        per_micro_batch = 1.0 / current
+    else:
+        per_micro_batch = float(trainer.accelerator.num_processes
+                                if counted and trainer.args.average_tokens_across_devices else 1)
+    return per_micro_batch * current / (current if divides else 1)

@@ -62,6 +62,10 @@ def enable_kfac(trainer: Any) -> Any:
         setattr(trainer, ENABLED, True)
         return trainer
     check_node_local_checkpoints(trainer.args)
+    if getattr(trainer.args, "torch_compile", False):
+        raise ValueError("kaisa_ds.enable_kfac: torch_compile=True is not supported with K-FAC: its capture hooks "
+                         "(forward hooks that register gradient hooks) are untested under torch.compile; set "
+                         "torch_compile=False (the Trainer then trains the model uncompiled, with K-FAC)")
     if trainer.model_accepts_loss_kwargs:
         logger.info("kaisa_ds: Trainer loss normalised per micro-batch (mean / accumulation steps) for K-FAC; "
                     "num_items_in_batch is no longer passed to the model")

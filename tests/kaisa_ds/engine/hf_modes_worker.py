@@ -91,7 +91,8 @@ def summary(trainer: Any, initial: dict[str, torch.Tensor]) -> dict:
             "update": {n: (p.detach().float() - initial[n]).clone() for n, p in engine.module.named_parameters()
                        if n in initial},
             "factors": factors(kfac) if kfac is not None else {}, "kfac_steps": kfac.steps if kfac else None,
-            "skipped_windows": kfac.skipped_windows if kfac else None, "skipped_steps": engine.skipped_steps}
+            "skipped_windows": kfac.skipped_windows if kfac else None, "skipped_steps": engine.skipped_steps,
+            "logged": [e["loss"] for e in trainer.state.log_history if "loss" in e]}
 
 
 def run(trainer: Any, **train_kwargs: Any) -> dict:
@@ -160,6 +161,11 @@ def core(work: str) -> dict:
         search.train()
         res["trials"].append(getattr(search.model_wrapped, "kfac", None) is not None
                              and search.model_wrapped.kfac.steps == 2)
+    try:
+        build(args_for(work + "-compile", ds_config(), torch_compile=True))
+        res["compile"] = "no error"
+    except ValueError as exc:
+        res["compile"] = str(exc)
     MESSAGES.clear()
     disabled = build(args_for(work + "-off", ds_config(kfac={"enabled": False}), steps=2))
     res["disabled_messages"] = list(MESSAGES)
@@ -169,7 +175,122 @@ def core(work: str) -> dict:
     return res
 
 
-GROUPS: dict[str, Callable[[str], dict]] = {"core": core}
+class LoRALinear(torch.nn.Module):
+    """A frozen base Linear plus a trainable low-rank adapter (what PEFT's LoRA builds), by hand."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = 4) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        self.lora_a = torch.nn.Linear(base.in_features, rank, bias=False)
+        self.lora_b = torch.nn.Linear(rank, base.out_features, bias=False)
+        torch.nn.init.normal_(self.lora_b.weight, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.lora_b(self.lora_a(x))
+
+
+def lora_model() -> torch.nn.Module:
+    model = tiny_bert_mlm()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for layer in model.bert.encoder.layer:
+        attention = layer.attention.self
+        attention.query, attention.value = LoRALinear(attention.query), LoRALinear(attention.value)
+    return model
+
+
+def recorded(trainer: Any) -> Any:
+    """Record each rank's micro-batches (for the kaisa_ds.initialize reference on the same data)."""
+    trainer.batches = []
+    step = trainer.training_step
+
+    def training_step(model: Any, inputs: dict, num_items_in_batch: Any = None) -> torch.Tensor:
+        trainer.batches.append({k: v.clone() for k, v in inputs.items()})
+        return step(model, inputs, num_items_in_batch)
+
+    trainer.training_step = training_step
+    return trainer
+
+
+def epoch_losses(result: dict, windows_per_epoch: int) -> list[float]:
+    losses = result["losses"]
+    return [sum(losses[i:i + windows_per_epoch]) / windows_per_epoch
+            for i in range(0, len(losses), windows_per_epoch)]
+
+
+def modes(work: str) -> dict:
+    """The Trainer as users run it, against kaisa_ds.initialize on the same micro-batches where a reference exists
+    (ZeRO-1/2, bf16, gradient checkpointing), else that it learns (short windows, label smoothing, LoRA)."""
+    from tests.kaisa_ds.engine.hf_worker import reference
+
+    res: dict = {}
+    for name, cfg, extra in [("zero1", ds_config(stage=1), {}), ("zero2", ds_config(stage=2), {}),
+                             ("bf16", ds_config(bf16=True), {"bf16": True}),
+                             ("checkpointing", ds_config(), {"gradient_checkpointing": True})]:
+        trainer = recorded(build(args_for(f"{work}-{name}", cfg, **extra)))
+        try:
+            res[name] = run(trainer)
+            res[name]["reference"] = reference(trainer.batches, 3)
+        except Exception as exc:
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    # 40 examples on 2 ranks x 4: 5 micro-batches per epoch, windows of 2, 2 and a short 1 at each epoch's end;
+    # factor_decay 0: each step's G factors are that window's statistics alone
+    from transformers import TrainerCallback
+
+    class GScale(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            kfac = self.trainer.model_wrapped.kfac
+            self.norms.append(sum(float(ly.g_factor.float().norm()) for ly in kfac.layers.values()
+                                  if ly.g_factor is not None))
+
+    g_scale = GScale()
+    g_scale.norms = []
+    trainer = build(args_for(f"{work}-short", ds_config(kfac={**KFAC, "factor_decay": 0.0}), num_train_epochs=3,
+                             max_steps=-1), examples=40, callbacks=[g_scale])
+    g_scale.trainer = trainer
+    res["short_window"] = run(trainer)
+    res["short_window"]["g_norms"] = g_scale.norms
+    scenarios: list[tuple[str, dict, dict]] = [
+        ("label_smoothing", {"examples": 32}, {"num_train_epochs": 3, "max_steps": -1, "label_smoothing_factor": 0.1}),
+        ("lora", {"examples": 32, "model": None}, {"num_train_epochs": 6, "max_steps": -1, "learning_rate": 5e-2}),
+    ]
+    for name, build_kwargs, extra in scenarios:
+        if name == "lora":
+            build_kwargs = {**build_kwargs, "model": lora_model()}
+        trainer = build(args_for(f"{work}-{name}", ds_config(), **extra), **build_kwargs)
+        try:
+            res[name] = run(trainer)
+            res[name]["kfac_layers"] = sorted(trainer.model_wrapped.kfac.layers)
+        except Exception as exc:
+            res[name] = {"error": f"{type(exc).__name__}: {exc}"}
+
+    # auto_find_batch_size: an out-of-memory error in the first step makes the Trainer build a second engine
+    trainer = build(args_for(f"{work}-auto", ds_config(), steps=2, auto_find_batch_size=True))
+    step, failed = trainer.training_step, {"done": False}
+
+    def training_step(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if not failed["done"]:
+            failed["done"] = True
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory")  # what a CPU OOM says
+        return step(*args, **kwargs)
+
+    trainer.training_step = training_step
+    res["auto_batch"] = run(trainer)
+    res["auto_batch"]["hooks"] = len(trainer.model.bert.encoder.layer[0].output.dense._forward_hooks)
+    res["auto_batch"]["batch"] = trainer._train_batch_size
+
+    # load_best_model_at_end: the Trainer reloads the best checkpoint through the engine's load_checkpoint
+    trainer = build(args_for(f"{work}-best", ds_config(), steps=3, save_strategy="steps", save_steps=1,
+                             eval_strategy="steps", eval_steps=1, load_best_model_at_end=True,
+                             metric_for_best_model="loss", greater_is_better=True),  # an earlier one is best
+                    eval_dataset=masked_lm_examples(16, seed=5))
+    res["best"] = run(trainer)
+    res["best"]["best_checkpoint"] = trainer.state.best_model_checkpoint
+    res["best"]["kfac_steps_after_load"] = trainer.model_wrapped.kfac.steps
+    return res
+
+
+GROUPS: dict[str, Callable[[str], dict]] = {"core": core, "modes": modes}
 
 
 def main() -> None:

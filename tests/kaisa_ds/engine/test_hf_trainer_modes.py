@@ -68,6 +68,7 @@ def test_an_overflow_only_in_layers_kfac_skips_drops_the_kfac_window_too(core: d
 def test_enable_kfac_misuse_says_what_kfac_does(core: dict) -> None:
     assert any("already enabled" in m and "does nothing" in m for m in core["twice_messages"])
     assert "already built the DeepSpeed engine" in core["after_train"]
+    assert "torch_compile=True is not supported" in core["compile"]
     assert core["trials"] == [True, True]  # every trial of a hyperparameter search (a new Accelerator each)
     assert any("K-FAC is OFF" in m and "\"enabled\": false" in m for m in core["disabled_messages"])
     assert core["disabled"]["kfac_steps"] is None
@@ -116,3 +117,80 @@ def test_the_trainer_internals_enable_kfac_relies_on_exist() -> None:
     assert "current_gradient_accumulation_steps" in step and "scale_wrt_gas" in step
     assert "compute_loss_func" in inspect.getsource(Trainer.compute_loss)
     assert "engine.step()" in inspect.getsource(DeepSpeedEngineWrapper.backward)  # DeepSpeed's step inside backward
+
+
+@pytest.fixture(scope="module")
+def modes(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _launch("modes", tmp_path_factory.mktemp("hf_modes"))
+
+
+FACTOR_RTOL = {"zero1": 1e-3, "zero2": 1e-3, "checkpointing": 1e-3, "bf16": 5e-2}  # measured 0, 1e-7, 2e-7, 2e-2
+LOSS_RTOL = {"zero1": 1e-5, "zero2": 1e-5, "checkpointing": 1e-5, "bf16": 1e-2}  # measured 0, 0, 0, 4e-3
+
+
+@pytest.mark.parametrize("mode", ["zero1", "zero2", "bf16", "checkpointing"])
+def test_trainer_modes_match_kaisa_ds_initialize(modes: dict, mode: str) -> None:
+    got = modes[mode]
+    assert "error" not in got, got.get("error")
+    reference = got["reference"]
+    assert got["kfac_steps"] == reference["kfac_steps"] == 3
+    assert got["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL[mode])
+    assert set(got["factors"]) == set(reference["factors"]) and len(reference["factors"]) > 10
+    for name, (a, g) in reference["factors"].items():
+        ta, tg = got["factors"][name]
+        assert (ta - a).abs().max() <= FACTOR_RTOL[mode] * a.abs().max(), f"{name} A"
+        assert (tg - g).abs().max() <= FACTOR_RTOL[mode] * g.abs().max(), f"{name} G"
+
+
+def _epoch_means(losses: list[float], per_epoch: int) -> list[float]:
+    return [sum(losses[i:i + per_epoch]) / per_epoch for i in range(0, len(losses), per_epoch)]
+
+
+def test_an_epoch_end_short_window_keeps_the_factor_scale_and_learns(modes: dict) -> None:
+    """Windows of 2, 2 and 1 micro-batches per epoch: K-FAC steps on every window, and the short window's G
+    statistics (factor_decay 0: that window alone) have the scale of a full window's."""
+    got = modes["short_window"]
+    assert got["kfac_steps"] == 9 and got["skipped_windows"] == 0
+    norms = got["g_norms"]
+    for epoch in range(3):
+        full, short = norms[3 * epoch:3 * epoch + 2], norms[3 * epoch + 2]
+        assert 0.33 < short / (sum(full) / 2) < 3.0, norms
+    means = _epoch_means(got["logged"], 3)
+    assert means[-1] < means[0]
+
+
+def test_label_smoothing_learns(modes: dict) -> None:
+    got = modes["label_smoothing"]
+    assert got["kfac_steps"] == 6
+    means = _epoch_means(got["logged"], 2)
+    assert means[2] < means[1] < means[0]
+
+
+def test_a_lora_style_adapter_model_preconditions_only_the_adapters_and_learns(modes: dict) -> None:
+    got = modes["lora"]
+    assert got["kfac_layers"] and all(n.endswith(("lora_a", "lora_b")) for n in got["kfac_layers"])
+    assert float(got["update"]["bert.encoder.layer.0.output.dense.weight"].abs().max()) == 0.0  # frozen base
+    assert float(got["update"]["bert.encoder.layer.0.attention.self.query.lora_a.weight"].abs().max()) > 0.0
+    means = _epoch_means(got["logged"], 2)
+    assert means[-1] < means[0]
+
+
+def test_tied_weights_are_preconditioned_as_in_kaisa_ds_initialize(modes: dict) -> None:
+    """tiny_bert_mlm ties the MLM decoder to the word embeddings (one Parameter, two modules): the Trainer path
+    preconditions it once, through its first owner, as kaisa_ds.initialize does (the ZeRO scenarios above match
+    that reference factor for factor)."""
+    layers = set(modes["zero1"]["factors"])
+    assert "bert.embeddings.word_embeddings" in layers and "cls.predictions.decoder" not in layers
+    assert layers == set(modes["zero1"]["reference"]["factors"])
+
+
+def test_auto_find_batch_size_leaves_one_set_of_kfac_hooks(modes: dict) -> None:
+    got = modes["auto_batch"]
+    assert got["batch"] < hf_modes_worker.MICRO  # the Trainer retried with a smaller batch on a second engine
+    assert got["hooks"] == 1 and got["kfac_steps"] == 2
+
+
+def test_load_best_model_at_end_restores_the_best_checkpoints_kfac_state(modes: dict) -> None:
+    got = modes["best"]
+    best_step = int(Path(got["best_checkpoint"]).name.split("-")[1])
+    assert best_step < 3 and got["kfac_steps_after_load"] == best_step
