@@ -47,8 +47,13 @@ def wrap_checkpointing(engine: Any, kfac: KFACPreconditioner) -> None:
     def load_checkpoint(load_dir: str, tag: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
             path, client_state = load(load_dir, tag, *args, **kwargs)
-        except RuntimeError as exc:
-            if "Error(s) in loading state_dict" not in str(exc):
+        except Exception as exc:  # DeepSpeed's ZeRORuntimeException is not a RuntimeError
+            if "DP world size" in str(exc):  # ZeRO-1/2 partitions saved at another world size
+                raise ValueError(f"checkpoint {load_dir} (tag {tag}) cannot be resumed at this world size: "
+                                 f"{str(exc).splitlines()[0]} Resume it on the number of ranks it was saved with; "
+                                 "the K-FAC state itself re-shards to any world size, and so do ZeRO-0 "
+                                 "checkpoints") from exc
+            if not isinstance(exc, RuntimeError) or "Error(s) in loading state_dict" not in str(exc):
                 raise
             raise ValueError(f"checkpoint {load_dir} (tag {tag}) does not fit this model: it was saved from a "
                              f"different model. {str(exc).splitlines()[0]}") from exc

@@ -290,7 +290,29 @@ def modes(work: str) -> dict:
     return res
 
 
-GROUPS: dict[str, Callable[[str], dict]] = {"core": core, "modes": modes}
+def save(work: str) -> dict:
+    """2 ranks, ZeRO-0 and ZeRO-1: 4 steps with a checkpoint at step 2 (for ``resume`` on another world size)."""
+    res: dict = {}
+    for stage in (0, 1):
+        trainer = build(args_for(f"{work}-z{stage}", ds_config(stage=stage), steps=4, save_strategy="steps",
+                                 save_steps=2))
+        res[f"z{stage}"] = run(trainer)
+    return res
+
+
+def resume(work: str) -> dict:
+    """1 rank resuming the 2-rank checkpoints of ``save`` (``work`` is that run's ``OUT.work``)."""
+    res: dict = {}
+    for stage in (0, 1):
+        trainer = build(args_for(f"{work}-resumed-z{stage}", ds_config(stage=stage), steps=4))
+        try:
+            res[f"z{stage}"] = run(trainer, resume_from_checkpoint=f"{work}-z{stage}/checkpoint-2")
+        except Exception as exc:
+            res[f"z{stage}"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return res
+
+
+GROUPS: dict[str, Callable[[str], dict]] = {"core": core, "modes": modes, "save": save, "resume": resume}
 
 
 def main() -> None:
@@ -298,6 +320,7 @@ def main() -> None:
     parser.add_argument("group", choices=sorted(GROUPS))
     parser.add_argument("out")
     parser.add_argument("--local_rank", type=int, default=0)
+    parser.add_argument("--work", default=None, help="the OUT.work of an earlier launch (resume reads its checkpoints)")
     args = parser.parse_args()
     from deepspeed.accelerator import get_accelerator
 
@@ -307,7 +330,7 @@ def main() -> None:
     logging.getLogger("kaisa_ds").addHandler(_Collect())
     logging.getLogger("kaisa_ds").setLevel(logging.INFO)
     rank, _ = init_distributed()
-    results = GROUPS[args.group](f"{args.out}.work")
+    results = GROUPS[args.group](args.work or f"{args.out}.work")
     torch.save(results, f"{args.out}.rank{rank}.pt")
 
 

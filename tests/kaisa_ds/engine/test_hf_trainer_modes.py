@@ -194,3 +194,16 @@ def test_load_best_model_at_end_restores_the_best_checkpoints_kfac_state(modes: 
     got = modes["best"]
     best_step = int(Path(got["best_checkpoint"]).name.split("-")[1])
     assert best_step < 3 and got["kfac_steps_after_load"] == best_step
+
+
+@pytest.mark.slow  # three launches (~70 s): two ranks save, one rank resumes
+def test_resume_on_another_world_size_zero0_continues_and_zero1_is_refused_clearly(tmp_path: Path) -> None:
+    run_deepspeed([WORKER, "save", str(tmp_path / "save")])
+    saved = torch.load(tmp_path / "save.rank0.pt", weights_only=False)
+    run_deepspeed([WORKER, "resume", str(tmp_path / "resume"), "--work", str(tmp_path / "save.work")], num_ranks=1)
+    resumed = torch.load(tmp_path / "resume.rank0.pt", weights_only=False)
+    assert saved["z0"]["kfac_steps"] == 4 and resumed["z0"]["kfac_steps"] == 4  # 2 restored + 2 on one rank
+    assert resumed["z0"]["skipped_windows"] == 0 and len(resumed["z0"]["logged"]) == 4
+    error = resumed["z1"]["error"]  # DeepSpeed cannot re-partition ZeRO-1/2 optimizer state
+    assert error.startswith("ValueError") and "checkpoint-2" in error and "DP world size of 2" in error
+    assert "number of ranks it was saved with" in error
