@@ -1,0 +1,143 @@
+"""Part ``step_cost``: BERT-Large phase-1 step cost (seq 128) of LAMB vs LAMB + K-FAC, bf16 and fp16 autocast.
+
+KAISA's intervals and levers come from ds_configs/bert_large_phase1_bf16_kfac.json (factors every 5 steps,
+decompositions every 50, fp16 factors, bf16 decompositions, token sampling): each dtype runs exact (every token
+feeds the statistics) and with that config's ``factor_sample_fraction``. The micro-batch is the largest of
+``--batches`` whose K-FAC factor step fits in 90% of the GPU's memory. The measuring is benchmarks.step_cost's
+(two identical models side by side, every kind of step measured, the interval average computed exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import machine
+from benchmarks.gpu.context import Context, save
+from benchmarks.step_cost import SideBySide, measure
+
+REPO = Path(__file__).resolve().parents[2]
+PHASE1 = REPO / "ds_configs" / "bert_large_phase1_bf16_kfac.json"
+MEMORY_SHARE = 0.9  # the probe's peak must stay under this share of the GPU: decompositions come on top
+# stages of the amortised overhead: step_cost's components grouped as KAISA reports them
+STAGES = {"statistics": ("hook_extra",), "reduction": ("factor_reduction", "gradient_broadcast"),
+          "decomposition": ("decomposition",), "preconditioning": ("preconditioning", "kl_clip", "write_grads"),
+          "other": ("step_untimed",)}
+TARGET = 0.05  # amortised K-FAC overhead at BERT-Large with the levers, share of a bf16 LAMB step
+
+
+def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
+    """Intervals and levers of the phase-1 K-FAC config (the numbers KAISA's BERT-Large runs use)."""
+    kfac = json.loads(path.read_text())["kfac"]
+    return {"factor_every": kfac["factor_update_steps"], "inv_every": kfac["inv_update_steps"],
+            "factor_dtype": kfac.get("factor_dtype"), "inv_dtype": kfac.get("inv_dtype", "fp32"),
+            "sample_fraction": kfac.get("factor_sample_fraction", 1.0), "config": str(path.relative_to(REPO))}
+
+
+def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float) -> argparse.Namespace:
+    """benchmarks.step_cost's arguments for one configuration (toy shapes in the CPU smoke)."""
+    k = kaisa_settings()
+    smoke = ctx.smoke
+    return argparse.Namespace(
+        size="tiny" if smoke else "large", dtype=dtype, batch=batch, seq=16 if smoke else 128,
+        vocab=300 if smoke else 30522, lr=6e-3, factor_every=2 if smoke else k["factor_every"],
+        inv_every=4 if smoke else k["inv_every"], factor_dtype=k["factor_dtype"], sample_fraction=sample_fraction,
+        compute_method="eigen", inv_dtype=k["inv_dtype"], repeats=1 if smoke else ctx.args.repeats, warmup=1,
+        device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1, out=ctx.out / "gpu_step_cost.json")
+
+
+def free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def largest_batch(ctx: Context, candidates: list[int], dtype: str) -> tuple[int, list[dict[str, Any]]]:
+    """The largest candidate micro-batch whose baseline step and K-FAC factor step fit; the probe's record."""
+    from benchmarks.common import random_batch
+
+    args = step_args(ctx, dtype=dtype, batch=candidates[0], sample_fraction=1.0)
+    run = SideBySide(args, ctx.device)
+    total = torch.cuda.get_device_properties(0).total_memory if ctx.device.type == "cuda" else None
+    tried: list[dict[str, Any]] = []
+    try:
+        for batch in sorted(candidates, reverse=True):
+            free()
+            try:
+                run.batch = random_batch(batch, args.seq, args.vocab, ctx.device)
+                run.round(["factor"])
+            except torch.OutOfMemoryError:
+                tried.append({"batch": batch, "fits": False, "why": "out of memory"})
+                continue
+            peak = torch.cuda.max_memory_allocated() if total else 0
+            fits = total is None or peak <= MEMORY_SHARE * total
+            tried.append({"batch": batch, "fits": fits, "peak_gib": peak / 2**30})
+            if fits:
+                return batch, tried
+    finally:
+        del run
+        free()
+    raise RuntimeError(f"no micro-batch of {candidates} fits on this GPU: {tried}")
+
+
+def stage_shares(res: dict[str, Any]) -> dict[str, float]:
+    """Amortised seconds per step of each stage as a share of the baseline (LAMB) step."""
+    per = res["amortised"]["components_seconds_per_step"]
+    step = res["baseline"]["step_s"]
+    return {stage: sum(per[c] for c in parts) / step for stage, parts in STAGES.items()}
+
+
+def plot(ctx: Context, rows: list[dict[str, Any]]) -> None:
+    fig, path = ctx.figure("step_cost")
+    ax = fig.add_subplot(1, 1, 1)
+    labels = [r["dtype"] + "\n" + ("exact" if r["sample_fraction"] == 1 else f"sample {r['sample_fraction']:g}")
+              for r in rows]
+    bottom = [0.0] * len(rows)
+    for stage in STAGES:
+        values = [100 * r["stage_shares"][stage] for r in rows]
+        ax.bar(labels, values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.axhline(100 * TARGET, color="k", linestyle="--", label=f"target {100 * TARGET:g}%")
+    ax.set_ylabel("amortised K-FAC time, % of a LAMB step")
+    model = rows[0]["model"]
+    ax.set_title(f"BERT-{model} seq {rows[0]['seq']}, micro-batch {rows[0]['batch']}: K-FAC overhead by stage")
+    ax.legend()
+    save(fig, path)
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    k = kaisa_settings()
+    dtypes = ["bf16"] if ctx.smoke else ctx.args.dtypes
+    candidates = [2] if ctx.smoke else ctx.args.batches
+    batch, probe = largest_batch(ctx, candidates, dtypes[0])
+    out: dict[str, Any] = {"machine": machine(), "kaisa": k, "micro_batch": batch, "probe": probe, "runs": [],
+                           "target_overhead": TARGET, "skipped": []}
+    for dtype in dtypes:
+        for fraction in (1.0, k["sample_fraction"]):
+            started = time.monotonic()
+            if out["runs"] and ctx.seconds_left() < 1.2 * out["runs"][-1]["seconds"]:
+                out["skipped"].append({"dtype": dtype, "sample_fraction": fraction, "why": "call's time budget"})
+                continue
+            res = measure(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=fraction))
+            free()
+            s = res["settings"]
+            out["runs"].append({
+                "dtype": dtype, "sample_fraction": fraction, "model": s["size"], "seq": s["seq"], "batch": batch,
+                "optimizer": s["optimizer"], "baseline_step_s": res["baseline"]["step_s"],
+                "overhead": res["amortised"]["overhead"], "stage_overhead": res["amortised"]["stage_overhead"],
+                "overhead_from_minima": res["amortised_from_minima"]["overhead"], "stage_shares": stage_shares(res),
+                "meets_target": res["amortised"]["overhead"] <= TARGET, "seconds": time.monotonic() - started,
+                "step_cost": {key: res[key] for key in ("settings", "baseline", "step_kinds", "amortised")}})
+            ctx.write("step_cost", out)  # after every configuration: a call cut short keeps what it measured
+    if out["runs"]:
+        plot(ctx, out["runs"])
+    out["ok"] = bool(out["runs"])
+    ctx.write("step_cost", out)
+    return out
