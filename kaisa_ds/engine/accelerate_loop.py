@@ -22,15 +22,17 @@ def deepspeed_engine_of(accelerator: Any) -> Any:
     return None if wrapped is None else wrapped.engine
 
 
-def attach_to_accelerator(accelerator: Any) -> KFACPreconditioner | None:
+def attach_to_accelerator(accelerator: Any, *, report_every: int = 0) -> KFACPreconditioner | None:
     """Turn on K-FAC from the ``kfac`` section of the accelerator's DeepSpeed config; call it once, right after
     ``accelerator.prepare(model, optimizer, ...)`` and before ``accelerator.load_state``.
 
-    Returns the preconditioner (also ``engine.kfac``), or None when the section is absent or disabled.
-    ``accelerator.save_state`` / ``load_state`` then carry the K-FAC state (they call the engine's
-    ``save_checkpoint`` / ``load_checkpoint``, which K-FAC wraps).
+    Returns the preconditioner (also ``engine.kfac``), or None (with a warning) when the section is absent or
+    disabled. ``accelerator.save_state`` / ``load_state`` then carry the K-FAC state (they call the engine's
+    ``save_checkpoint`` / ``load_checkpoint``, which K-FAC wraps). ``report_every``: steps between K-FAC reports
+    (a log line and DeepSpeed monitor events); accelerate overwrites the config's ``steps_per_print`` with
+    infinity, so K-FAC does not report without it.
     """
-    from kaisa_ds.engine.deepspeed_engine import enable_on_engine
+    from kaisa_ds.engine.deepspeed_engine import REPORT_EVERY, enable_on_engine
 
     engine = deepspeed_engine_of(accelerator)
     if engine is None:
@@ -38,4 +40,6 @@ def attach_to_accelerator(accelerator: Any) -> KFACPreconditioner | None:
                          "(Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config='ds_config.json')) or "
                          "`accelerate launch --use_deepspeed`) and call attach_to_accelerator after "
                          "accelerator.prepare(model, optimizer, ...)")
+    if report_every:
+        setattr(engine, REPORT_EVERY, int(report_every))
     return enable_on_engine(engine)

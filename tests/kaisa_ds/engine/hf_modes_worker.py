@@ -287,7 +287,33 @@ def modes(work: str) -> dict:
     res["best"] = run(trainer)
     res["best"]["best_checkpoint"] = trainer.state.best_model_checkpoint
     res["best"]["kfac_steps_after_load"] = trainer.model_wrapped.kfac.steps
+    res["accelerate_csv"] = accelerate_reports(work)
     return res
+
+
+def accelerate_reports(work: str) -> str:
+    """A hand-written accelerate loop (after the Trainers: a fresh AcceleratorState, as hyperparameter_search
+    makes) with report_every=1 and a CSV monitor; returns the monitor's folder."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DeepSpeedPlugin
+
+    from tests.kaisa_ds.engine.hf_worker import adamw, rank_batches
+
+    AcceleratorState()._reset_state()
+    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "gradient_clipping": 1.0,
+           "zero_optimization": {"stage": 0}, "kfac": KFAC,
+           "csv_monitor": {"enabled": True, "output_path": work + "-accelerate-csv", "job_name": "kfac"}}
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=cfg), gradient_accumulation_steps=GAS)
+    model = tiny_bert_mlm()
+    model, optimizer = accelerator.prepare(model, adamw(model))
+    kaisa_ds.attach_to_accelerator(accelerator, report_every=1)
+    for batch in rank_batches(2):
+        with accelerator.accumulate(model):
+            accelerator.backward(model(**batch).loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return work + "-accelerate-csv"
 
 
 def save(work: str) -> dict:

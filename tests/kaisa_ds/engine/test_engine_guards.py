@@ -249,3 +249,16 @@ def test_torch_autocast_fp16_loss_scale_is_divided_out_of_the_factors(glue: dict
     assert kfac_scale == scaler_scale > 1.0
     fp32, autocast = glue["g_fp32"], glue["g_autocast"]
     assert (autocast - fp32).abs().max() <= 1e-2 * fp32.abs().max()  # fp16 rounding of the backward only
+
+
+def test_save_on_each_node_is_refused_across_nodes_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each node's disk would hold only its own ranks' K-FAC shards, while a resume reads every rank's."""
+    from types import SimpleNamespace
+
+    from kaisa_ds.engine.hf_trainer import check_node_local_checkpoints
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="save_on_each_node=True on several nodes"):
+        check_node_local_checkpoints(SimpleNamespace(save_on_each_node=True, world_size=4))
+    check_node_local_checkpoints(SimpleNamespace(save_on_each_node=True, world_size=2))  # one node: fine
+    check_node_local_checkpoints(SimpleNamespace(save_on_each_node=False, world_size=4))

@@ -58,6 +58,11 @@ def test_kfac_reports_every_logging_step_under_the_trainer(core: dict) -> None:
     assert len(rows) == 1 + 3  # header + one row per step (logging_steps=1, 3 steps)
 
 
+def test_kfac_reports_in_an_accelerate_loop_with_report_every(modes: dict) -> None:
+    rows = next(Path(modes["accelerate_csv"]).rglob("Train_KFAC_factors_MB.csv")).read_text().strip().splitlines()
+    assert len(rows) == 1 + 2  # header + one row per step (report_every=1, 2 steps)
+
+
 def test_an_overflow_only_in_layers_kfac_skips_drops_the_kfac_window_too(core: dict) -> None:
     got = core["skipped_layer_overflow"]
     assert not any("embeddings" in n for n in got["kfac_layers"])  # the overflow is outside K-FAC's layers
