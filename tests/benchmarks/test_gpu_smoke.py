@@ -47,6 +47,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert fused and all(t["outcome"] == "skipped" for t in fused)  # CUDA itself: not faked on a CPU
     cost = json.loads((out / "gpu_step_cost.json").read_text())
     assert cost["kaisa"]["factor_every"] == 5 and cost["kaisa"]["inv_every"] == 50  # read from the phase-1 config
+    assert cost["lamb"]["optimizer"].startswith("LAMB") and cost["probe"][0]["fits"]
     assert [r["sample_fraction"] for r in cost["runs"]] == [1.0, cost["kaisa"]["sample_fraction"]]
     for run in cost["runs"]:
         assert set(run["stage_shares"]) == {"statistics", "reduction", "decomposition", "preconditioning", "other"}
