@@ -115,6 +115,23 @@ def token_normalised_loss(outputs: Any, labels: torch.Tensor, num_items_in_batch
     return total / num_items_in_batch
 
 
+def skipped_layer_overflow(work: str, *, stage: int) -> dict:
+    """fp16, embeddings skipped by K-FAC, an inf only in the position embeddings' gradient on rank 1 in window 1."""
+    skip = {**KFAC, "skip_layers": ["embeddings"]}
+    trainer = build(args_for(f"{work}-fp16-z{stage}", ds_config(kfac=skip, fp16=True, stage=stage), steps=4,
+                             fp16=True))
+    rank, calls = int(os.environ["RANK"]), {"n": 0}
+
+    def poison(grad: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        return grad * float("inf") if rank == 1 and (calls["n"] - 1) // GAS == 1 else grad
+
+    trainer.model.bert.embeddings.position_embeddings.weight.register_hook(poison)  # not tied to a K-FAC layer
+    result = run(trainer)
+    result["kfac_layers"] = sorted(trainer.model_wrapped.kfac.layers)
+    return result
+
+
 def core(work: str) -> dict:
     """Loss conventions (item 1), K-FAC reporting (6), an overflow outside K-FAC's layers (9), misuse (3/11)."""
     res: dict = {}
@@ -124,19 +141,7 @@ def core(work: str) -> dict:
     res["normalised_func"] = run(build(args_for(work + "-norm", ds_config()), loss_func=token_normalised_loss))
     res["csv"] = work + "-csv"
 
-    # fp16, embeddings skipped by K-FAC, an inf only in the position embeddings' gradient on rank 1 in window 1
-    skip = {**KFAC, "skip_layers": ["embeddings"]}
-    trainer = build(args_for(work + "-fp16", ds_config(kfac=skip, fp16=True), steps=4, fp16=True))
-    rank, calls = int(os.environ["RANK"]), {"n": 0}
-
-    def poison(grad: torch.Tensor) -> torch.Tensor:
-        calls["n"] += 1
-        return grad * float("inf") if rank == 1 and (calls["n"] - 1) // GAS == 1 else grad
-
-    trainer.model.bert.embeddings.position_embeddings.weight.register_hook(poison)  # not tied
-    res["skipped_layer_overflow"] = run(trainer)
-    res["skipped_layer_overflow"]["kfac_layers"] = sorted(trainer.model_wrapped.kfac.layers)
-
+    res["skipped_layer_overflow"] = skipped_layer_overflow(work, stage=0)
     # misuse: twice, after train(), a config whose kfac section is disabled, a new Accelerator (hp search's trial)
     MESSAGES.clear()
     trainer = build(args_for(work + "-twice", ds_config(), steps=2))
@@ -287,20 +292,23 @@ def modes(work: str) -> dict:
     res["best"] = run(trainer)
     res["best"]["best_checkpoint"] = trainer.state.best_model_checkpoint
     res["best"]["kfac_steps_after_load"] = trainer.model_wrapped.kfac.steps
+    for stage in (1, 2):
+        res[f"skipped_layer_overflow_z{stage}"] = skipped_layer_overflow(work, stage=stage)
     res["accelerate_csv"] = accelerate_reports(work)
     return res
 
 
-def accelerate_reports(work: str) -> str:
+def accelerate_reports(work: str) -> dict:
     """A hand-written accelerate loop (after the Trainers: a fresh AcceleratorState, as hyperparameter_search
-    makes) with report_every=1 and a CSV monitor; returns the monitor's folder."""
+    makes) with report_every=1 and a CSV monitor; returns the monitor's folder and the steps taken."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DeepSpeedPlugin
 
     from tests.kaisa_ds.engine.hf_worker import adamw, rank_batches
 
     AcceleratorState()._reset_state()
+    GradientState._reset_state()  # the Trainers' accumulation settings live in this singleton too
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": 0}, "kfac": KFAC,
            "csv_monitor": {"enabled": True, "output_path": work + "-accelerate-csv", "job_name": "kfac"}}
@@ -313,7 +321,7 @@ def accelerate_reports(work: str) -> str:
             accelerator.backward(model(**batch).loss)
             optimizer.step()
             optimizer.zero_grad()
-    return work + "-accelerate-csv"
+    return {"csv": work + "-accelerate-csv", "steps": accelerator.deepspeed_engine_wrapped.engine.global_steps}
 
 
 def save(work: str) -> dict:

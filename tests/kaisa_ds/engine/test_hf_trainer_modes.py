@@ -59,8 +59,9 @@ def test_kfac_reports_every_logging_step_under_the_trainer(core: dict) -> None:
 
 
 def test_kfac_reports_in_an_accelerate_loop_with_report_every(modes: dict) -> None:
-    rows = next(Path(modes["accelerate_csv"]).rglob("Train_KFAC_factors_MB.csv")).read_text().strip().splitlines()
-    assert len(rows) == 1 + 2  # header + one row per step (report_every=1, 2 steps)
+    got = modes["accelerate_csv"]
+    rows = next(Path(got["csv"]).rglob("Train_KFAC_factors_MB.csv")).read_text().strip().splitlines()
+    assert got["steps"] == 2 and len(rows) == 1 + 2  # header + one row per step (report_every=1)
 
 
 def test_an_overflow_only_in_layers_kfac_skips_drops_the_kfac_window_too(core: dict) -> None:
@@ -68,6 +69,12 @@ def test_an_overflow_only_in_layers_kfac_skips_drops_the_kfac_window_too(core: d
     assert not any("embeddings" in n for n in got["kfac_layers"])  # the overflow is outside K-FAC's layers
     assert got["skipped_steps"] == 1 and got["skipped_windows"] == 1  # K-FAC follows DeepSpeed's decision
     assert got["kfac_steps"] == 4 and all(abs(loss) < float("inf") for loss in got["losses"])  # trains on
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_an_overflow_outside_kfacs_layers_drops_the_window_under_zero(modes: dict, stage: int) -> None:
+    got = modes[f"skipped_layer_overflow_z{stage}"]
+    assert got["skipped_steps"] == 1 and got["skipped_windows"] == 1 and got["kfac_steps"] == 4
 
 
 def test_enable_kfac_misuse_says_what_kfac_does(core: dict) -> None:
