@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +126,22 @@ def run(ctx: Context) -> dict[str, Any]:
     lamb = warm_optimizer(ctx)
     batch, probe = largest_batch(ctx, candidates, dtypes[0])
     out: dict[str, Any] = {"machine": machine(), "kaisa": k, "lamb": lamb, "micro_batch": batch, "probe": probe,
-                           "runs": [], "target_overhead": TARGET, "skipped": []}
+                           "runs": [], "target_overhead": TARGET, "skipped": [], "failed": []}
     for dtype in dtypes:
         for fraction in (1.0, k["sample_fraction"]):
             started = time.monotonic()
             if out["runs"] and ctx.seconds_left() < 1.2 * out["runs"][-1]["seconds"]:
                 out["skipped"].append({"dtype": dtype, "sample_fraction": fraction, "why": "call's time budget"})
                 continue
-            res = measure(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=fraction))
-            free()
+            try:
+                res = measure(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=fraction))
+            except Exception as exc:  # e.g. fp16 windows dropped as non-finite: keep the other configurations
+                out["failed"].append({"dtype": dtype, "sample_fraction": fraction, "error": f"{type(exc).__name__}: "
+                                      f"{exc}", "traceback": traceback.format_exc()})
+                ctx.write("step_cost", out)
+                continue
+            finally:
+                free()
             s = res["settings"]
             out["runs"].append({
                 "dtype": dtype, "sample_fraction": fraction, "model": s["size"], "seq": s["seq"], "batch": batch,
@@ -145,6 +153,6 @@ def run(ctx: Context) -> dict[str, Any]:
             ctx.write("step_cost", out)  # after every configuration: a call cut short keeps what it measured
     if out["runs"]:
         plot(ctx, out["runs"])
-    out["ok"] = bool(out["runs"])
+    out["ok"] = bool(out["runs"]) and not out["failed"]
     ctx.write("step_cost", out)
     return out
