@@ -61,15 +61,16 @@ def engine_skips_step(engine: Any) -> bool:
     (over every parameter, all ranks agreeing). A collective on fp16 engines: every rank calls it on the boundary.
     Always False for fp32 and bf16, which DeepSpeed never skips."""
     optimizer = engine.optimizer
-    if getattr(engine, "torch_autocast_z0_gradscaler", None) is not None:
+    if getattr(engine, "torch_autocast_z0_gradscaler", None) is not None:  # its step skips on any inf
         return _any_rank(not all(bool(torch.isfinite(p.grad).all()) for p in engine.module.parameters()
                                  if p.grad is not None), engine)
-    if not engine.fp16_enabled():
+    zero = hasattr(optimizer, "has_overflow") and hasattr(optimizer, "averaged_gradients")  # ZeRO-1/2
+    if not (engine.fp16_enabled() or (zero and getattr(optimizer, "torch_autocast_gradscaler", None) is not None)):
         return False
     checker = getattr(optimizer, "overflow_checker", None)
     if checker is not None:  # FP16_UnfusedOptimizer / FP16_Optimizer (ZeRO-0): all-reduces the flag itself
         return bool(checker.check())
-    if hasattr(optimizer, "has_overflow") and hasattr(optimizer, "averaged_gradients"):  # ZeRO-1/2
+    if zero:  # over this rank's partition, all-reduced
         return bool(optimizer.has_overflow(partition_gradients=True))
     return False
 

@@ -219,6 +219,20 @@ def _engine_glue(rank: int, world: int) -> dict[str, Any]:
     engine.backward(F.mse_loss(engine(x), y))
     engine.step()
     out["g_autocast"] = engine.kfac.layers["fc1"].g_factor.clone()
+    # an inf only in a layer K-FAC skips: the GradScaler (ZeRO-0 on the engine, ZeRO-1 on the optimizer) skips the
+    # step, and K-FAC must drop its window too
+    for stage in (0, 1):
+        torch.manual_seed(0)
+        model = TinyMLP()
+        model.fc1.weight.register_hook(lambda grad: grad * float("inf"))
+        skip = {**auto, "kfac": {"damping": 0.01, "skip_layers": ["fc1"]}, "zero_optimization": {"stage": stage},
+                "zero_allow_untested_optimizer": True}
+        engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=skip)
+        before = model.fc2.weight.detach().clone()
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+        out[f"autocast_overflow_z{stage}"] = (engine.kfac.skipped_windows, bool(torch.equal(before, model.fc2.weight)),
+                                              engine.kfac.loss_scale() > 1.0)
     return out
 
 
@@ -242,6 +256,12 @@ def test_a_second_engine_on_the_same_model_removes_the_first_preconditioners_hoo
 @pytest.mark.parametrize(("key", "why"), [("no_section", "no \"kfac\" section"), ("disabled", "\"enabled\": false")])
 def test_a_config_without_enabled_kfac_warns_that_kfac_is_off(glue: dict[str, Any], key: str, why: str) -> None:
     assert any("K-FAC is OFF" in m and why in m for m in glue[key]), glue[key]
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_torch_autocast_fp16_overflow_outside_kfacs_layers_drops_the_window(glue: dict[str, Any], stage: int) -> None:
+    skipped_windows, step_skipped, scaled = glue[f"autocast_overflow_z{stage}"]
+    assert step_skipped and skipped_windows == 1 and scaled
 
 
 def test_torch_autocast_fp16_loss_scale_is_divided_out_of_the_factors(glue: dict[str, Any]) -> None:
