@@ -3,7 +3,6 @@
 # `carry: [".whl"]`; scripts/gpu_suite.sh installs them there. Run on this (CPU) machine, in the repo:
 #
 #   scripts/build_gpu_wheels.sh                                   # deepspeed + its missing dependencies
-#   scripts/build_gpu_wheels.sh --apex-mirror /work/.mirror/NVIDIA+apex/repo   # also pack NVIDIA Apex's source
 #
 # deepspeed ships as a source archive: it becomes a pure-Python wheel with every op left to JIT (DS_BUILD_OPS=0),
 # built by the machine's CUDA there. The others are manylinux/py3 wheels for the GPU machine's CPython 3.12
@@ -12,20 +11,18 @@
 #   deepspeed hjson pydantic pydantic-core annotated-types typing-inspection (+ typing-extensions: pydantic needs a
 # newer one than the image may have)
 # Versions are this checkout's .venv's, so the GPU runs the versions the CPU tests ran. `datasets` is not needed:
-# no GPU test or part imports it. Apex (--apex-mirror, a git directory of NVIDIA/apex, e.g. from the search tool's
-# `fetch github:NVIDIA/apex`) is packed as source into .whl/apex-src.tar.gz, never committed; benchmarks/gpu/apex.py
-# builds its amp_C extension on the GPU.
+# no GPU test or part imports it. NVIDIA Apex is not on the package registry and is not built by this project
+# (benchmarks/README.md, "GPU suite": what the LAMB selection does without it); its tests run only where it is
+# importable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 WHL=${WHL_DIR:-.whl}
 LIMIT_MB=40  # the device call carries at most 64 MiB of working tree in all
-APEX_MIRROR=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --apex-mirror) APEX_MIRROR=${2:?--apex-mirror needs a git directory of NVIDIA/apex}; shift 2 ;;
     -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {print}' "$0"; exit 0 ;;
-    *) echo "build_gpu_wheels.sh: unknown argument '$1' (allowed: --apex-mirror DIR)" >&2; exit 2 ;;
+    *) echo "build_gpu_wheels.sh: unknown argument '$1' (it takes none)" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$WHL"
@@ -45,15 +42,6 @@ for pkg in hjson pydantic pydantic-core annotated-types typing-inspection typing
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     "${PLATFORMS[@]}" -d "$WHL" "$pkg==$v"
 done
-
-if [ -n "$APEX_MIRROR" ]; then
-  git --git-dir="$APEX_MIRROR" rev-parse --verify -q HEAD >/dev/null \
-    || { echo "build_gpu_wheels.sh: $APEX_MIRROR is not a git directory of NVIDIA/apex" >&2; exit 2; }
-  git --git-dir="$APEX_MIRROR" archive --format=tar.gz -o "$WHL/apex-src.tar.gz" HEAD apex csrc/amp_C_frontend.cpp \
-    csrc/multi_tensor_apply.cuh csrc/type_shim.h csrc/static_switch.h \
-    $(git --git-dir="$APEX_MIRROR" ls-tree --name-only HEAD csrc/ | grep -E '^csrc/(multi_tensor_.*|update_scale_hysteresis)\.cu$')
-  echo "packed NVIDIA Apex $(git --git-dir="$APEX_MIRROR" rev-parse --short HEAD) into $WHL/apex-src.tar.gz"
-fi
 
 # one version of each package (two stop pip's install there), and the size the call will carry
 dups=$(ls "$WHL"/*.whl | xargs -n1 basename | cut -d- -f1 | sort | uniq -d)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PARTS = ("tests", "step_cost", "eigh", "apex", "convergence")
+PARTS = ("tests", "step_cost", "eigh", "convergence")
 CALL_SECONDS = 540.0  # one device call: 10 minutes at most, 9 planned
 
 
@@ -34,7 +34,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="step_cost and eigh: measured rounds (median reported)")
     p.add_argument("--step-seconds", type=float, nargs="*", help="eigh: LAMB step seconds to size the interval by "
                    "(default: this --out's gpu_step_cost.json)")
-    p.add_argument("--apex-src", type=Path, help="apex: the packed source (default: .whl/apex-src.tar.gz)")
     return p
 
 
@@ -44,9 +43,9 @@ def refuse(message: str) -> int:
 
 
 def part_runner(name: str) -> Callable[[Any], dict[str, Any]]:
-    from benchmarks.gpu import apex, bert_cost, convergence, eigh, tests_part
+    from benchmarks.gpu import bert_cost, convergence, eigh, tests_part
 
-    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "apex": apex, "convergence": convergence}
+    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "convergence": convergence}
     return modules[name].run  # type: ignore[no-any-return]
 
 

@@ -1,6 +1,6 @@
 """Part ``convergence``: NOT IMPLEMENTED. The GPU time-to-accuracy regime (BERT-mini/small, bigger batch).
 
-Why not yet: (1) a first GPU session's device time (25 minutes) is taken by the parts tests, apex, step_cost and
+Why not yet: (1) a first GPU session's device time (25 minutes) is taken by the parts tests, step_cost and
 eigh (three calls, about 23 minutes); (2) benchmarks.convergence trains through bert_pretrain under the deepspeed
 launcher and reads its text and vocabulary from ``../shared/data``, which does not travel to the device machine
 (only the checkout does), and bert_pretrain's data pipeline imports ``datasets``, which the GPU image lacks (its

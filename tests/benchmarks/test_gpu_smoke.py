@@ -2,45 +2,31 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.gpu import apex
 from benchmarks.gpu.cli import main
 from tests.support.launch import REPO_ROOT
 
 CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO_ROOT)}
 
 
-def fake_apex(path: Path, *, drop: str | None = None) -> Path:
-    """A tarball laid out as build_gpu_wheels.sh packs NVIDIA Apex (empty files: the smoke only unpacks it)."""
-    names = [*apex.AMP_C_SOURCES, "apex/__init__.py", "apex/optimizers/fused_lamb.py"]
-    with tarfile.open(path, "w:gz") as tar:
-        for name in names:
-            if name != drop:
-                info = tarfile.TarInfo(name)
-                tar.addfile(info, io.BytesIO(b""))
-    return path
-
-
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
-        code = main(["--cpu-smoke", "--out", str(out), "--apex-src", str(fake_apex(tmp_path / "apex.tar.gz"))])
+        code = main(["--cpu-smoke", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     suite = json.loads((out / "gpu_suite.json").read_text())
     assert code == 0, suite
-    assert list(suite["parts"]) == ["tests", "step_cost", "eigh", "apex"]
+    assert list(suite["parts"]) == ["tests", "step_cost", "eigh"]
     tests = json.loads((out / "gpu_tests.json").read_text())
     assert tests["counts"]["failed"] == tests["counts"]["error"] == 0 and tests["counts"]["passed"] >= 10
     fused = [t for t in tests["tests"] if "fused_lamb" in t["test"]]
@@ -59,7 +45,6 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert eigh["round_seconds_one_gpu"][eigh["fastest_eigen_method"]] > 0
     # the step seconds come from this call's step_cost JSON, measured before the eigh part
     assert eigh["intervals"] and all(i["min_inv_update_steps"] >= 1 for i in eigh["intervals"])
-    assert json.loads((out / "gpu_apex.json").read_text())["sources"] == apex.AMP_C_SOURCES
     for png in ("gpu_step_cost.png", "gpu_eigh.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -88,9 +73,3 @@ def test_a_missing_wheel_is_named_with_the_command_that_builds_it(tmp_path: Path
     assert proc.returncode == 2
     assert "pydantic" in proc.stderr and "deepspeed" not in proc.stderr.split("for:")[1].split("(")[0]
     assert "scripts/build_gpu_wheels.sh" in proc.stderr
-
-
-def test_an_incomplete_apex_source_names_what_is_missing(tmp_path: Path) -> None:
-    tarball = fake_apex(tmp_path / "apex.tar.gz", drop="csrc/multi_tensor_lamb.cu")
-    with pytest.raises(FileNotFoundError, match=r"multi_tensor_lamb\.cu.*build_gpu_wheels\.sh"):
-        apex.unpack(tarball, tmp_path / "src")
