@@ -137,21 +137,23 @@ def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPrec
 
 def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None:
     """On accumulation boundaries, run K-FAC before DeepSpeed's step (unless this window's K-FAC step was
-    already called by hand) and report timings every ``steps_per_print`` steps."""
+    already called by hand) and report timings every ``report_interval`` steps. A window DeepSpeed will skip for
+    an overflow (anywhere: also in parameters K-FAC does not precondition) is dropped instead of committed, by
+    ``engine.step`` and by ``engine.kfac.step()`` called by hand alike."""
     original_step, kfac_step = engine.step, kfac.step
     window = {"stepped": False}  # whether this window's K-FAC step already ran
 
     def step_kfac() -> None:
-        kfac_step()
+        if engine_skips_step(engine):  # a collective on fp16 engines: every rank steps here
+            skip_window(kfac)
+        else:
+            kfac_step()
         window["stepped"] = True
 
     def step(*args: Any, **kwargs: Any) -> Any:
         if engine.is_gradient_accumulation_boundary():
             every = report_interval(engine)
             print_now = every > 0 and (engine.global_steps + 1) % every == 0
-            if engine_skips_step(engine) and not window["stepped"]:  # an overflow anywhere, K-FAC's layers or not
-                skip_window(kfac)
-                window["stepped"] = True
             if auto_step and not window["stepped"]:
                 kfac.timer.sync = print_now  # exact GPU timings only on reporting steps
                 kfac.step()  # the attribute: callers may have wrapped it again
@@ -166,6 +168,8 @@ def wrap_step(engine: Any, kfac: KFACPreconditioner, *, auto_step: bool) -> None
 
 def skip_window(kfac: KFACPreconditioner) -> None:
     """Drop the window DeepSpeed is about to skip, as K-FAC drops a window of its own with non-finite values."""
+    if kfac.structure is not None and kfac.config.overlap_factor_reduction:
+        kfac.window_reducer().finish(kfac.structure.factors())  # complete the all-reduces the hooks started
     kfac.skipped_windows += 1
     kfac.discard_window()
     kfac.take_capture_seconds()

@@ -221,18 +221,21 @@ def _engine_glue(rank: int, world: int) -> dict[str, Any]:
     out["g_autocast"] = engine.kfac.layers["fc1"].g_factor.clone()
     # an inf only in a layer K-FAC skips: the GradScaler (ZeRO-0 on the engine, ZeRO-1 on the optimizer) skips the
     # step, and K-FAC must drop its window too
-    for stage in (0, 1):
+    for stage, by_hand in ((0, False), (1, False), (0, True)):
         torch.manual_seed(0)
         model = TinyMLP()
         model.fc1.weight.register_hook(lambda grad: grad * float("inf"))
-        skip = {**auto, "kfac": {"damping": 0.01, "skip_layers": ["fc1"]}, "zero_optimization": {"stage": stage},
-                "zero_allow_untested_optimizer": True}
+        kfac = {"damping": 0.01, "skip_layers": ["fc1"], "auto_step": not by_hand}
+        skip = {**auto, "kfac": kfac, "zero_optimization": {"stage": stage}, "zero_allow_untested_optimizer": True}
         engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=skip)
         before = model.fc2.weight.detach().clone()
         engine.backward(F.mse_loss(engine(x), y))
+        if by_hand:
+            engine.kfac.step()
         engine.step()
-        out[f"autocast_overflow_z{stage}"] = (engine.kfac.skipped_windows, bool(torch.equal(before, model.fc2.weight)),
-                                              engine.kfac.loss_scale() > 1.0)
+        key = f"autocast_overflow_z{stage}" + ("_by_hand" if by_hand else "")
+        out[key] = (engine.kfac.skipped_windows, bool(torch.equal(before, model.fc2.weight)),
+                    engine.kfac.loss_scale() > 1.0)
     return out
 
 
@@ -258,9 +261,9 @@ def test_a_config_without_enabled_kfac_warns_that_kfac_is_off(glue: dict[str, An
     assert any("K-FAC is OFF" in m and why in m for m in glue[key]), glue[key]
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_torch_autocast_fp16_overflow_outside_kfacs_layers_drops_the_window(glue: dict[str, Any], stage: int) -> None:
-    skipped_windows, step_skipped, scaled = glue[f"autocast_overflow_z{stage}"]
+@pytest.mark.parametrize("case", ["z0", "z1", "z0_by_hand"])
+def test_torch_autocast_fp16_overflow_outside_kfacs_layers_drops_the_window(glue: dict[str, Any], case: str) -> None:
+    skipped_windows, step_skipped, scaled = glue[f"autocast_overflow_{case}"]
     assert step_skipped and skipped_windows == 1 and scaled
 
 
