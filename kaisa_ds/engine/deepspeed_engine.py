@@ -7,8 +7,10 @@ Order of operations on an accumulation boundary, inside the wrapped ``engine.ste
    *preconditioned* gradients, and runs the optimizer.
 So KAISA's KL-clip bounds the preconditioned step first, and ``gradient_clipping`` (if non-zero) then clips
 the norm of the preconditioned gradient; ``engine.get_global_grad_norm()`` reports that norm.
-On an fp16 overflow the gradients K-FAC reads are non-finite: it drops the window on every rank and leaves
-them alone, so DeepSpeed skips the step as usual (``engine.kfac.skipped_windows`` counts these).
+On an fp16 overflow (``fp16`` or ``torch_autocast`` fp16) K-FAC first asks DeepSpeed's own overflow check, over
+every parameter and every rank: when DeepSpeed will skip the step -- also for an overflow only in parameters K-FAC
+does not precondition -- K-FAC drops the window on every rank and leaves the gradients alone
+(``engine.kfac.skipped_windows`` counts these).
 
 By hand (``"kfac": {"auto_step": false}``, or any time: a window already stepped by the user is not
 stepped again by ``engine.step``)::
