@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -294,8 +295,26 @@ def modes(work: str) -> dict:
     res["best"]["kfac_steps_after_load"] = trainer.model_wrapped.kfac.steps
     for stage in (1, 2):
         res[f"skipped_layer_overflow_z{stage}"] = skipped_layer_overflow(work, stage=stage)
+    res["peft"] = peft_lora(work)
     res["accelerate_csv"] = accelerate_reports(work)
     return res
+
+
+def peft_lora(work: str) -> dict | None:
+    """A real PEFT LoRA model (when peft is installed): the Trainer saves only the trainable parameters
+    (exclude_frozen_parameters) and the run learns; None without peft."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        return None
+    model = get_peft_model(tiny_bert_mlm(), LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"]))
+    trainer = build(args_for(f"{work}-peft", ds_config(), num_train_epochs=6, max_steps=-1, learning_rate=5e-2,
+                             save_strategy="steps", save_steps=6), model=model, examples=32)
+    result = run(trainer)
+    result["kfac_layers"] = sorted(trainer.model_wrapped.kfac.layers)
+    states = next(iter(sorted(Path(f"{work}-peft").rglob("mp_rank_00_model_states.pt"))))
+    result["saved_module_keys"] = sorted(torch.load(states, map_location="cpu", weights_only=False)["module"])
+    return result
 
 
 def accelerate_reports(work: str) -> dict:

@@ -187,6 +187,19 @@ def test_a_lora_style_adapter_model_preconditions_only_the_adapters_and_learns(m
     assert means[-1] < means[0]
 
 
+def test_a_peft_lora_model_saves_only_its_adapters_and_learns(modes: dict) -> None:
+    """The Trainer passes exclude_frozen_parameters=True to the engine's save_checkpoint only when its signature
+    names it (K-FAC's wrapper keeps DeepSpeed's); a PEFT checkpoint then holds the adapters, not the frozen base."""
+    got = modes["peft"]
+    if got is None:
+        pytest.skip("peft is not installed (pip install peft: a dev extra)")
+    assert got["kfac_layers"] and all("lora_" in n for n in got["kfac_layers"])
+    keys = got["saved_module_keys"]  # DeepSpeed keeps the tied decoder's aliases (shared with the embeddings)
+    assert keys and all("lora_" in k or ".cls.predictions.decoder." in k for k in keys), keys
+    means = _epoch_means(got["logged"], 2)
+    assert means[-1] < means[0]
+
+
 def test_tied_weights_are_preconditioned_as_in_kaisa_ds_initialize(modes: dict) -> None:
     """tiny_bert_mlm ties the MLM decoder to the word embeddings (one Parameter, two modules): the Trainer path
     preconditions it once, through its first owner, as kaisa_ds.initialize does (the ZeRO scenarios above match
