@@ -28,6 +28,7 @@ from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase
 from bert_pretrain.data.tokenizer import load_tokenizer, vocab_digest
 from bert_pretrain.evaluation import evaluate, most_frequent_target
 from bert_pretrain.files import write_atomic
+from bert_pretrain.intervals import interval_warnings
 from bert_pretrain.metrics import MetricsError, MetricsLog, plot_losses
 from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
 from bert_pretrain.pins import check_pins, data_pins
@@ -163,6 +164,8 @@ def run(args: Namespace) -> dict[str, Any]:
     check_args(args)  # before anything heavy: a wrong path fails in seconds
     cfg, max_steps = engine_config(args.config, args.max_steps)
     rank, world = init_distributed()
+    if rank == 0:  # a kfac interval as long as the run: one update from step 0 serves every step (issue 21)
+        interval_warnings(cfg, steps=max_steps, source=f"--config {args.config}")
     out: Path = args.output
     cache = args.data_cache or out.parent / "data"
     plan = on_rank0(lambda: plan_start(args, out, world=world, max_steps=max_steps))

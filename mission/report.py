@@ -4,6 +4,8 @@ the steps and seconds each variant needed to reach LAMB's final held-out MLM los
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,7 @@ from bert_pretrain.curves import Curve, first_crossing, heldout_curve
 from bert_pretrain.metrics import read_rows
 
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
+logger = logging.getLogger("mission")
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -69,6 +72,22 @@ def plot_heldout(runs: dict[str, Path], out: Path, *, target: float | None) -> N
     plt.close(fig)
 
 
+def recorded_kfac(root: Path) -> dict[str, bool | None]:
+    """Whether each pretraining phase trained with K-FAC, as its summary.json records it (None: not recorded)."""
+    return {phase: read_json(root / phase / "summary.json").get("kfac") for phase in ("phase1", "phase2")}
+
+
+def recorded_label(kfac: dict[str, bool | None], *, requested: str) -> str:
+    """The row's label from what the phases recorded, not from the variant's name: a K-FAC variant given a LAMB
+    config (``--kfac-phase1-config ds_configs/bert_tiny_phase1.json``) is reported as what it ran."""
+    used = [kfac["phase1"], kfac["phase2"]]
+    if None in used:
+        return f"{requested} (K-FAC use not recorded)"
+    label = "LAMB + K-FAC" if all(used) else "LAMB" if not any(used) else \
+        f"LAMB + K-FAC (phase {1 if used[0] else 2} only)"
+    return label if label == requested else f"{label}; requested as {requested}"  # rows stay distinct
+
+
 def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: float | None) -> dict[str, Any]:
     """One variant's report.json entry; ``target`` is LAMB's final phase-1 held-out MLM loss."""
     curve = phase1_curve(root)
@@ -92,15 +111,31 @@ def _fmt(v: Any, spec: str = ".4f") -> str:
 
 
 def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[str, float]],
-                 settings: dict[str, Any]) -> Path:
-    """report.md (table, plots, what was measured) and report.json (the same figures per variant)."""
+                 settings: dict[str, Any], *, warnings: Sequence[str] = ()) -> Path:
+    """report.md (table, plots, what was measured) and report.json (the same figures per variant).
+
+    ``runs`` maps the requested variant names to their folders; each row is labelled by what its phases recorded
+    (:func:`recorded_label`), and a label that differs from the request joins ``warnings``, which both files show
+    at the top."""
+    warnings = list(warnings)
     roots = {root.name: root for root in runs.values()}
     target = phase1_curve(roots[BASELINE]).final if BASELINE in roots else None
     figures = {root.name: variant_figures(root, seconds.get(label, {}), target=target)
                for label, root in runs.items()}
-    plot_losses(runs, out_dir / "loss_curves.png")
-    plot_heldout(runs, out_dir / "heldout_curves.png", target=target)
-    lines = ["# kaisa_ds main job: LAMB vs. LAMB + K-FAC", "",
+    labels = {}
+    for requested, root in runs.items():
+        kfac = recorded_kfac(root)
+        labels[requested] = recorded_label(kfac, requested=requested)
+        figures[root.name].update(label=labels[requested], kfac=kfac)
+        if labels[requested] != requested:
+            warnings.append(f"the variant run as '{requested}' recorded K-FAC {kfac} in its phase summaries: its row "
+                            f"is labelled '{labels[requested]}'")
+            logger.warning("%s", warnings[-1])
+    shown = {labels[k]: root for k, root in runs.items()}
+    plot_losses(shown, out_dir / "loss_curves.png")
+    plot_heldout(shown, out_dir / "heldout_curves.png", target=target)
+    lines = ["# kaisa_ds main job: " + " vs. ".join(labels.values()), "",
+             *(f"**Warning:** {w}" + "\n" for w in warnings),
              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
              "| run | phase-1 steps | phase-2 steps | pretrain wall s | final phase-1 loss | final phase-2 loss "
              "| held-out MLM acc | SQuAD EM | SQuAD F1 | F1 before fine-tuning | phase-1 held-out MLM "
@@ -113,7 +148,7 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
                        if r.get("event") == "eval" and r.get("step") == 0), {})
         wall = seconds.get(label, {}).get("phase1", 0.0) + seconds.get(label, {}).get("phase2", 0.0)
         f = figures[root.name]
-        lines.append(f"| {label} | {p1.get('steps', 'n/a')} | {p2.get('steps', 'n/a')} | {wall:.0f} | "
+        lines.append(f"| {labels[label]} | {p1.get('steps', 'n/a')} | {p2.get('steps', 'n/a')} | {wall:.0f} | "
                      f"{_fmt(p1.get('final_train_loss'))} | {_fmt(p2.get('final_train_loss'))} | "
                      f"{_fmt(p2.get('heldout_mlm_accuracy'))} | {_fmt(squad.get('exact_match'), '.2f')} | "
                      f"{_fmt(squad.get('f1'), '.2f')} | {_fmt(before.get('f1'), '.2f')} | "
@@ -122,11 +157,12 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
     lines += ["", "![held-out MLM loss](heldout_curves.png)", "", "![loss curves](loss_curves.png)", "",
               "What was measured, at what scale: " + measured(settings), "", "Wall seconds per stage:", ""]
     for label, stages in seconds.items():
-        lines.append(f"- {label}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
+        lines.append(f"- {labels.get(label, label)}: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     (out_dir / "report.json").write_text(json.dumps(
-        {"settings": settings, "target": {"variant": BASELINE, "final_heldout_mlm": target}, "variants": figures},
+        {"settings": settings, "warnings": warnings, "target": {"variant": BASELINE, "final_heldout_mlm": target},
+         "variants": figures},
         indent=1) + "\n")
     return report
 

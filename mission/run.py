@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from pathlib import Path
 
 from tqdm import tqdm
 
+from bert_pretrain.intervals import interval_warnings
 from mission.jobs import REPO
 from mission.report import write_report
 from mission.stages import StageRecord, file_digest
@@ -53,12 +55,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true",
                    help="redo every stage; by default a rerun skips stages finished with the same arguments "
                         "(stages.json) and resumes an interrupted pretraining phase from its last checkpoint")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (args.squad_train is None) != (args.squad_eval is None):
+        given, missing = ("--squad-train", "--squad-eval") if args.squad_train else ("--squad-eval", "--squad-train")
+        p.error(f"{given} without {missing}: give both SQuAD v1.1 files (train and eval), or neither for the "
+                "built-in questions")
+    return args
+
+
+def phase_config(args: argparse.Namespace, *, phase: int, suffix: str) -> str:
+    """The DeepSpeed config of one variant's pretraining phase."""
+    config = f"{args.config_prefix}_phase{phase}{suffix}.json"
+    if phase == 1:
+        config = str((args.kfac_phase1_config if suffix else args.lamb_phase1_config) or config)
+    return config
+
+
+def input_warnings(args: argparse.Namespace) -> list[str]:
+    """What the report must say about the run's inputs before any figure: questions about other text than the
+    pretraining text, and K-FAC intervals as long as a phase (each also logged)."""
+    warnings = []
+    if args.data and args.squad_train is None:
+        warnings.append(f"pretrained on --data {' '.join(map(str, args.data))}, but fine-tuned and scored on the "
+                        "built-in SQuAD-style questions, which ask about invented entities that are not in the "
+                        "pretraining text: the SQuAD figures do not measure what pretraining on that text learned; "
+                        "give --squad-train and --squad-eval for questions about it")
+        logger.warning("WARNING: %s", warnings[-1])
+    for label, suffix in VARIANTS.items():
+        for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
+            config = phase_config(args, phase=phase, suffix=suffix)
+            path = Path(config) if Path(config).is_absolute() else REPO / config
+            if path.is_file():
+                warnings += interval_warnings(json.loads(path.read_text()), steps=steps,
+                                              source=f"{label}, phase {phase} ({config})")
+    return warnings
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    warnings = input_warnings(args)
     out = (args.output if args.output.is_absolute() else REPO / args.output).resolve()
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -75,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         text = data_dir / "corpus.txt"
         corpus.write_text(text)
         data = [text]
-    if squad_train is None or squad_eval is None:
+    if squad_train is None:  # parse_args refuses one file without the other
         from squad_finetune.builtin_data import write_builtin_squad
 
         squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed, num_articles=args.articles)
@@ -95,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             bar.set_postfix_str(f"{label}: pretraining phase {phase}")
             extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
-            config = f"{args.config_prefix}_phase{phase}{suffix}.json"
-            if phase == 1:
-                config = str((args.kfac_phase1_config if suffix else args.lamb_phase1_config) or config)
+            config = phase_config(args, phase=phase, suffix=suffix)
             phase_args = ["--phase", str(phase), "--config", config, "--output", str(root / f"phase{phase}"),
                           "--max-steps", str(steps), "--eval-every", str(args.eval_every), *common, *extra]
             upstream = record.token(f"{root.name}/phase1") if phase == 2 else data_digest
@@ -120,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                                                "eval_every": args.eval_every,
                                                "data": " ".join(map(str, args.data)) if args.data else "built-in",
                                                "kfac_phase1_config": str(args.kfac_phase1_config or
-                                                                         f"{args.config_prefix}_phase1_kfac.json")})
+                                                                         f"{args.config_prefix}_phase1_kfac.json")},
+                          warnings=warnings)
     print(f"main job done: report at {report} and {out / 'report.json'} (plots: {out / 'heldout_curves.png'}, "
           f"{out / 'loss_curves.png'}; logs: {out}/*/*.log)")
     return 0

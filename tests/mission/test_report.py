@@ -15,17 +15,20 @@ from mission.run import parse_args
 
 
 def _fake_run(root: Path, *, loss: float, f1: float, before: float,
-              heldout: list[float] | None = None, seconds_per_step: float = 2.0) -> None:
-    """A finished variant's folders; phase 1 evaluates its held-out MLM loss every 2 of its 4 steps."""
-    for phase, steps in (("phase1", 4), ("phase2", 2)):
+              heldout: list[float] | None = None, seconds_per_step: float = 2.0,
+              kfac: tuple[bool | None, bool | None] | None = None) -> None:
+    """A finished variant's folders; phase 1 evaluates its held-out MLM loss every 2 of its 4 steps. ``kfac``:
+    what each phase's summary records (default: K-FAC in both phases of the "kfac" folder only)."""
+    kfac = kfac or ((root.name == "kfac",) * 2)
+    for (phase, steps), used in zip((("phase1", 4), ("phase2", 2)), kfac):
         (root / phase).mkdir(parents=True)
         rows = [{"step": s, "loss": loss + (steps - s), "elapsed_s": seconds_per_step * s} for s in range(1, steps + 1)]
         if phase == "phase1":
             for row, value in zip(rows[1::2], heldout or [loss + 1, loss]):
                 row["heldout_mlm_loss"] = value
         (root / phase / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / phase / "summary.json").write_text(json.dumps(
-            {"steps": steps, "final_train_loss": loss, "heldout_mlm_accuracy": 0.25, "heldout_mlm_loss": loss}))
+        summary = {"steps": steps, "final_train_loss": loss, "heldout_mlm_accuracy": 0.25, "heldout_mlm_loss": loss}
+        (root / phase / "summary.json").write_text(json.dumps(summary | ({} if used is None else {"kfac": used})))
     (root / "squad").mkdir()
     (root / "squad" / "eval_results.json").write_text(json.dumps({"exact_match": f1 - 10, "f1": f1}))
     (root / "squad" / "metrics.jsonl").write_text(json.dumps({"event": "eval", "step": 0, "f1": before}) + "\n")
@@ -92,6 +95,33 @@ def test_report_tolerates_a_torn_last_metrics_line(tmp_path: Path, caplog: pytes
         write_report(tmp_path, runs, {"LAMB": {}}, {})
     assert "torn last line" in caplog.text
     assert json.loads((tmp_path / "report.json").read_text())["variants"]["lamb"]["final_heldout_mlm"] == 3.5
+
+
+def _rows(report: Path) -> dict[str, list[str]]:
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in report.read_text().splitlines() if line.startswith("| LAMB")}
+
+
+@pytest.mark.parametrize(("recorded", "label"), [
+    ((False, False), "LAMB; requested as LAMB + K-FAC"),  # LAMB configs given to the K-FAC variant
+    ((False, True), "LAMB + K-FAC (phase 2 only); requested as LAMB + K-FAC"),
+    ((True, False), "LAMB + K-FAC (phase 1 only); requested as LAMB + K-FAC"),
+    ((None, None), "LAMB + K-FAC (K-FAC use not recorded)"),
+])
+def test_row_labels_come_from_what_each_phase_recorded(tmp_path: Path, recorded: tuple, label: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The K-FAC variant's label once was the variant's name, whatever its configs did."""
+    runs = {"LAMB": tmp_path / "lamb", "LAMB + K-FAC": tmp_path / "kfac"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0)
+    _fake_run(runs["LAMB + K-FAC"], loss=3.25, f1=55.5, before=6.5, kfac=recorded)
+    with caplog.at_level(logging.WARNING):
+        report = write_report(tmp_path, runs, {}, {"model": "tiny"})
+    assert list(_rows(report)) == ["LAMB", label]
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["variants"]["kfac"]["label"] == label
+    assert data["variants"]["kfac"]["kfac"] == {"phase1": recorded[0], "phase2": recorded[1]}
+    assert any("LAMB + K-FAC" in w and label in w for w in data["warnings"])
+    assert label in caplog.text
 
 
 def test_defaults_fit_the_cpu_budget_and_flags_parse() -> None:

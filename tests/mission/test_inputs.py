@@ -1,0 +1,82 @@
+"""mission: what the main job is given is what it trains on, or it says why not (issue 21, items 3, 4, 14)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from mission import run as mission_run
+from mission import stages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("given", ["--squad-train", "--squad-eval"])
+def test_one_squad_file_alone_is_refused_naming_the_other(given: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """One SQuAD file alone once silently became the built-in questions for both."""
+    with pytest.raises(SystemExit):
+        mission_run.parse_args([given, "some.json"])
+    other = "--squad-eval" if given == "--squad-train" else "--squad-train"
+    assert other in capsys.readouterr().err
+
+
+def _fake_stages(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    launched: list[list[str]] = []
+
+    def fake_launch(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        launched.append([module, *args])
+        return 1.0
+
+    monkeypatch.setattr(stages, "launch", fake_launch)
+    return launched
+
+
+def test_given_text_without_squad_files_says_loudly_that_the_questions_are_not_about_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    launched = _fake_stages(monkeypatch)
+    text = tmp_path / "text.txt"
+    text.write_text("Some text.\n\nMore text.\n")
+    with caplog.at_level(logging.WARNING, logger="mission"):
+        assert mission_run.main(["--output", str(tmp_path / "out"), "--data", str(text), "--articles", "30",
+                                 "--phase2-steps", "60"]) == 0
+    assert any(a[0] == "squad_finetune" for a in launched)
+    assert "not in the pretraining text" in caplog.text
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "not in the pretraining text" in report
+    warnings = json.loads((tmp_path / "out" / "report.json").read_text())["warnings"]
+    assert any("not in the pretraining text" in w for w in warnings)
+
+
+def test_a_phase_shorter_than_one_kfac_interval_is_warned_in_the_log_and_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    _fake_stages(monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "8"])
+    assert "inv_update_steps" in caplog.text and "8" in caplog.text
+    warnings = json.loads((tmp_path / "out" / "report.json").read_text())["warnings"]
+    assert any("inv_update_steps" in w and "phase 1" in w for w in warnings)
+
+
+def test_the_main_jobs_phase_configs_fit_their_default_phase_lengths(caplog: pytest.LogCaptureFixture) -> None:
+    """Phase 2's 30 steps once ran under inv_update_steps 50: one decomposition from step 0 for the whole phase."""
+    from bert_pretrain.intervals import interval_warnings
+
+    args = mission_run.parse_args([])
+    for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
+        config = json.loads((REPO / f"{args.config_prefix}_phase{phase}_kfac.json").read_text())
+        assert interval_warnings(config, steps=steps, source=f"phase {phase}") == []
+        kfac = config["kfac"]
+        assert steps // kfac["inv_update_steps"] >= 2, (phase, kfac)  # several decompositions per phase
+
+
+def test_interval_warnings_name_the_key_and_the_fix() -> None:
+    from bert_pretrain.intervals import interval_warnings
+
+    config = {"kfac": {"enabled": True, "factor_update_steps": 5, "inv_update_steps": 50}}
+    (warning,) = interval_warnings(config, steps=30, source="--config x.json")
+    assert "kfac.inv_update_steps 50" in warning and "30 steps" in warning and "x.json" in warning
+    assert interval_warnings({"kfac": {"enabled": False, "inv_update_steps": 50}}, steps=30, source="x") == []
+    assert interval_warnings({"optimizer": {}}, steps=30, source="x") == []
