@@ -42,7 +42,10 @@ from benchmarks.common import (
     random_batch,
     table,
 )
+from bert_pretrain.data.documents import WIKITEXT_MARKS
+from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import Specials
+from bert_pretrain.data.tokenizer import MAX_UNK_RATE, check_coverage, check_vocab_size, load_tokenizer, vocab_tokens
 
 VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
 
@@ -54,13 +57,17 @@ def parse_variant(text: str) -> tuple[float, str, float]:
     return float(fraction), dtype or "fp32", float(passes or 1)
 
 
-def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int,
-                 seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Consecutive windows of a real text in the pretraining loader's format (bert_pretrain's masking)."""
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
-
-    tok = BertTokenizerFast(vocab=str(vocab), do_lower_case=True)
-    ids = tok(text.read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"]
+def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int, seed: int = 0,
+                 max_unk_rate: float = MAX_UNK_RATE) -> list[dict[str, torch.Tensor]]:
+    """Consecutive windows of a real text in the pretraining loader's format (bert_pretrain's masking), read as
+    bert_pretrain reads it: WikiText's `` @-@ `` marks undone, the tokenizer from the one helper that builds them,
+    a vocabulary too small or a text mostly [UNK] under it refused (DataError naming the files)."""
+    tok = load_tokenizer(vocab, lower_case=True, check_case=True)
+    check_vocab_size(tok, source=f"--vocab {vocab}")
+    raw = text.read_text(encoding="utf-8")
+    ids = tok(WIKITEXT_MARKS.sub(r"\1", raw), add_special_tokens=False)["input_ids"]
+    check_coverage(unknown=ids.count(tok.unk_token_id), total=len(ids), data=f"--text {text}",
+                   source=f"--vocab {vocab}", max_unk_rate=max_unk_rate)
     width = seq - 2
     need = batch * width * count
     if len(ids) < need:
@@ -84,8 +91,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     vocab_size = 30522
     if args.text:
         batches = text_batches(args.text, args.vocab, batch=args.batch, seq=args.seq,
-                               count=args.windows * args.passes)
-        vocab_size = sum(1 for line in args.vocab.read_text(encoding="utf-8").splitlines() if line)
+                               count=args.windows * args.passes, max_unk_rate=args.max_unk_rate)
+        vocab_size = len(set(vocab_tokens(args.vocab)))  # the tokenizer's size (load_tokenizer checks they agree)
     else:
         batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i)
                    for i in range(args.windows * args.passes)]
@@ -197,7 +204,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="ROWS:INV_DTYPE[:PASSES] settings to compare (token share, decomposition dtype, share of "
                         "the window's passes); the first, 1:fp32, is the reference (default: %(default)s)")
     p.add_argument("--text", type=Path, help="a text file to take the tokens from (default: random tokens)")
-    p.add_argument("--vocab", type=Path, help="the BERT vocab.txt for --text")
+    p.add_argument("--vocab", type=Path, help="the BERT vocab.txt for --text (only with --text)")
+    p.add_argument("--max-unk-rate", type=float, default=MAX_UNK_RATE,
+                   help="largest share of [UNK] tokens --text may have under --vocab (default: %(default)s)")
     p.add_argument("--threads", type=int, help="torch threads")
     args = p.parse_args(argv)
     try:
@@ -208,7 +217,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("--variants must start with 1:fp32, the exact reference")
     if args.text and not args.vocab:
         p.error("--text needs --vocab")
-    res = measure(args)
+    if args.vocab and not args.text:
+        p.error("--vocab without --text: the vocabulary is used only to tokenise --text (without it the batches "
+                "are random token ids over BERT's 30,522); give --text too, or leave --vocab out")
+    try:
+        res = measure(args)
+    except DataError as exc:
+        p.error(str(exc))
     publish(res, report(res), args.out)  # creates the output folder the plot goes to
     plot(res, args.out.with_suffix(".png"))
     return res
