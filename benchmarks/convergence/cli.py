@@ -26,8 +26,8 @@ from benchmarks.common import machine, machine_line, table, write_json
 from benchmarks.convergence import analysis
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
-from benchmarks.convergence.regimes import REGIMES, Regime, ds_config, quick
-from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
+from benchmarks.convergence.runner import RunSpec, run, sha256_of
 
 logger = logging.getLogger("benchmarks.convergence")
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,6 @@ DATA = REPO.parent / "shared" / "data"
 DEFAULT_VOCAB = DATA / "bert-vocab" / "vocab.txt"
 TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
 FINAL_SEEDS = (1, 2, 3)
-QUICK_UNITS = 12
 TARGETS_BELOW_PLATEAU = (analysis.PLATEAU_MARGIN, 1.0)  # nats below the plateau: the two fixed targets
 
 
@@ -50,10 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
                             "under ../shared/data: WikiText-2 valid; the large regime adds the SQuAD dev contexts)")
         c.add_argument("--vocab", type=Path, default=DEFAULT_VOCAB, help="BERT vocab.txt (default: %(default)s)")
-        c.add_argument("--work", type=Path, default=REPO / "runs" / "convergence",
-                       help="run folders, prepared data, the three parts (default: %(default)s)")
-        c.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "convergence",
-                       help="JSON records and plots (default: %(default)s)")
+        c.add_argument("--work", type=Path,
+                       help="run folders, prepared data, the three parts (default: runs/convergence; with --quick "
+                            "runs/convergence_quick/work)")
+        c.add_argument("--results", type=Path,
+                       help="JSON records and plots (default: benchmarks/results/convergence, the shipped results; "
+                            "with --quick runs/convergence_quick/results: toy-scale records never go there)")
         c.add_argument("--quick", action="store_true", help="toy scale (tiny model, 4 steps, 1-run grids)")
         c.add_argument("--steps", type=int, help="override the regime's steps (tuning and final alike)")
         c.add_argument("--model-size", choices=["tiny", "mini", "base"],
@@ -63,6 +64,50 @@ def build_parser() -> argparse.ArgumentParser:
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
     return p
+
+
+def shipped_results() -> Path:
+    return REPO / "benchmarks" / "results" / "convergence"
+
+
+def resolve_folders(args: argparse.Namespace) -> None:
+    """``--work`` and ``--results`` defaults by scale; toy-scale records are refused in the shipped results (the
+    README tells main-job users to pass their chosen_*_ds_config.json)."""
+    if args.quick:
+        args.work = args.work or REPO / "runs" / "convergence_quick" / "work"
+        args.results = args.results or REPO / "runs" / "convergence_quick" / "results"
+        if args.results.resolve() == shipped_results().resolve():
+            raise SystemExit(f"--quick --results {args.results}: toy-scale records would replace the shipped "
+                             "results; leave --results out (runs/convergence_quick/results) or give another folder")
+    else:
+        args.work = args.work or REPO / "runs" / "convergence"
+        args.results = args.results or shipped_results()
+
+
+def scale_of(regime: Regime, *, quick_scale: bool, parts: Parts | None = None,
+             vocab: Path | None = None) -> dict[str, Any]:
+    """What a choice was tuned at (scale, model, batch, tuning length, sources, vocabulary): recorded in
+    chosen.json and checked by ``final``."""
+    return {"scale": "quick" if quick_scale else "full", "steps_per_run": regime.tune_steps, **regime.run_key(),
+            **({"sources_sha256": parts.source_sha256} if parts else {}),
+            **({"vocab_sha256": sha256_of(vocab)} if vocab else {})}
+
+
+def check_scale(chosen: dict[str, Any], regime: Regime, *, path: Path, quick_scale: bool = False,
+                parts: Parts | None = None, vocab: Path | None = None) -> None:
+    """Refuse a choice tuned at another scale than the final runs': a toy-scale (``--quick``) choice, or another
+    model, batch, tuning length, text or vocabulary. A chosen.json written before the scale was recorded is
+    judged by its budget's steps per run."""
+    tuned = chosen.get("tuned_at") or {"steps_per_run": chosen.get("budget", {}).get("lamb", {}).get("steps_per_run")}
+    wanted = scale_of(regime, quick_scale=quick_scale, parts=parts, vocab=vocab)
+    differ = {k: (v, wanted[k]) for k, v in tuned.items() if k in wanted and v != wanted[k]}
+    if differ:
+        what = ", ".join(f"{k} {a} (final: {b})" for k, (a, b) in differ.items())
+        if "steps_per_run" in differ:
+            what += f"; tuned with {tuned['steps_per_run']} steps per run"
+        raise SystemExit(f"{path} was tuned at another scale than this final run: {what}. Tune at this scale "
+                         f"first (`python -m benchmarks.convergence tune --regime {regime.name}"
+                         f"{' --quick' if quick_scale else ''}`); a --quick choice is never used at full scale")
 
 
 def regime_of(name: str, args: argparse.Namespace) -> Regime:
@@ -112,7 +157,9 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     kfac = sweep(regime.kfac_grid(lamb_lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"]), "kfac")
     best_kfac = analysis.choose(kfac)
     cache = Path(lamb[0]["eval_cache"])
-    chosen = {"regime": regime.name, "lamb": best_lamb["settings"], "kfac": best_kfac["settings"],
+    chosen = {"regime": regime.name, "tuned_at": scale_of(regime, quick_scale=args.quick, parts=parts,
+                                                                  vocab=args.vocab),
+              "lamb": best_lamb["settings"], "kfac": best_kfac["settings"],
               "criterion": "lowest final held-out MLM loss on the tune part, tuning seed 0",
               "tune_plateau": analysis.plateau(cache, "tune"),
               "tune_frequency_model_loss": analysis.frequency_model_loss(cache, "tune",
@@ -141,6 +188,7 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
         raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
                          f"{regime.name}{' --quick' if args.quick else ''}` first")
     chosen = json.loads(chosen_path.read_text())
+    check_scale(chosen, regime, path=chosen_path, quick_scale=args.quick, parts=parts, vocab=args.vocab)
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
     jobs = [(seed, opt) for seed in seeds for opt in ("lamb", "kfac")]
     for seed, opt in tqdm(jobs, desc=f"final {regime.name}", unit="run"):
@@ -193,6 +241,7 @@ def final(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
+    resolve_folders(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return tune(args) if args.command == "tune" else final(args)

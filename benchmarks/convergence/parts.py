@@ -16,8 +16,9 @@ import json
 import random
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bert_pretrain.data.documents import HEADING
 from squad_finetune.squad_json import SquadFormatError, read_squad_file
@@ -107,6 +108,15 @@ def pooled_digest(digests: list[str]) -> str:
     return digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
+FRACTIONS = (0.7, 0.15, 0.15)
+
+
+def split_recipe(*, fractions: Sequence[float] = FRACTIONS, seed: int = 0,
+                 max_units: int | None = None) -> dict[str, Any]:
+    """What, besides the sources, decides the parts' contents (JSON-comparable)."""
+    return {"fractions": list(fractions), "seed": seed, "max_units": max_units}
+
+
 @dataclass(frozen=True)
 class Parts:
     """The three part files and the manifest that says how they were made."""
@@ -114,23 +124,27 @@ class Parts:
     folder: Path
     source_sha256: str
     units: dict[str, list[int]]
+    # how the pooled units were cut (the defaults of write_parts: the full-scale split); with source_sha256 it
+    # names the part files' contents, so it belongs to a recorded run's key
+    recipe: dict[str, Any] = field(default_factory=lambda: split_recipe())
 
     def path(self, part: str) -> Path:
         return self.folder / f"{part}.txt"
 
 
 def write_parts(texts: Path | Sequence[Path], root: Path, *,
-                fractions: tuple[float, float, float] = (0.7, 0.15, 0.15), seed: int = 0,
+                fractions: tuple[float, float, float] = FRACTIONS, seed: int = 0,
                 max_units: int | None = None) -> Parts:
-    """Write ``{train,tune,report}.txt`` and ``parts.json`` into ``root/<the sources' digest, 12 hex>/``, so
-    different texts keep their own parts; files are rewritten only when they change.
+    """Write ``{train,tune,report}.txt`` and ``parts.json`` into ``root/<the sources' digest, 12 hex>/`` (with
+    ``_first<max_units>`` for a partial split), so different texts and splits keep their own parts; files are
+    rewritten only when they change.
 
     ``texts``: one source file or several (their units pooled in order). ``max_units``: split only the pooled
     units' first (the smoke test's toy scale)."""
     texts = [texts] if isinstance(texts, Path) else list(texts)
     digests = source_digests(texts)
     digest = pooled_digest(digests)
-    folder = root / digest[:12]
+    folder = root / (digest[:12] + (f"_first{max_units}" if max_units else ""))  # a toy split never replaces
     per_source = [[(text.stem, u) for u in source_units(text)] for text in texts]
     chunks = harmonise([c for source in per_source for c in source])[:max_units]
     chosen = assign(len(chunks), fractions=fractions, seed=seed)
@@ -145,4 +159,5 @@ def write_parts(texts: Path | Sequence[Path], root: Path, *,
                 "sources_sha256": digest, "seed": seed, "fractions": list(fractions), "max_units": max_units,
                 "units": len(chunks), "unit_indices": chosen}
     (folder / "parts.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    return Parts(folder=folder, source_sha256=digest, units=chosen)
+    return Parts(folder=folder, source_sha256=digest, units=chosen,
+                 recipe=split_recipe(fractions=fractions, seed=seed, max_units=max_units))

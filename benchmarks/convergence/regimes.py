@@ -104,6 +104,9 @@ REGIMES = {
 # long enough for that cannot fit the final comparison's 2 hours. `--model-size mini` runs the same protocol on it.
 
 
+QUICK_UNITS = 12  # --quick splits only the pooled sources' first units
+
+
 def quick(regime: Regime) -> Regime:
     """The same protocol at toy scale (tiny model, a few steps, 1 × 1 grids) for the smoke tests."""
     return dataclasses.replace(regime, model_size="tiny", seq=32, max_predictions=5, micro_batch=4,

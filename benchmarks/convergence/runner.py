@@ -2,13 +2,14 @@
 
 Each run trains on the training part only and is evaluated on exactly one other part (``tune`` while tuning,
 ``report`` for the final figures), so a tuning choice cannot see the report part and a reported figure cannot
-come from the tuning part. Its record (settings, curve, the command) is written as JSON; a record already there
-with the same settings (run and regime) and no error is reused, so an interrupted tuning sweep continues where it
-stopped.
+come from the tuning part. Its record (settings, curve, the command, and every input: :func:`run_inputs`) is
+written as JSON; a record already there with the same inputs and no error is reused, so an interrupted tuning
+sweep continues where it stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -16,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.convergence.parts import Parts
-from benchmarks.convergence.regimes import Regime, ds_config
+from benchmarks.convergence.parts import Parts, split_recipe
+from benchmarks.convergence.regimes import QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve
 from bert_pretrain.metrics import read_rows
 
@@ -54,18 +55,52 @@ def train_args(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, conf
             "--data-cache", str(cache)]
 
 
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def run_inputs(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path) -> dict[str, Any]:
+    """Everything a run's result depends on besides the code: its spec, the regime's run-shaping fields, the
+    sources' digest and how they were split, the vocabulary's digest, and the full DeepSpeed config (which
+    brings in the shipped phase-1 configs' other keys). A recorded run is reused only when all of it is equal."""
+    return {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
+            "split": parts.recipe, "vocab_sha256": sha256_of(vocab),
+            "ds_config": ds_config(regime, lr=spec.lr, warmup=spec.warmup, steps=spec.steps, kfac=spec.kfac)}
+
+
+def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
+    """A record's :func:`run_inputs`: stored in it, or, for records written before the key covered every input,
+    computed from what the record says it ran with: the vocab file its command names (None when that file is
+    gone: the run cannot be matched), its regime's fields (a ``quick:`` regime split the first QUICK_UNITS units)
+    and its spec, with today's shipped phase-1 configs (unchanged, apart from keys every spec overrides, since
+    before the first shipped record)."""
+    if "inputs" in record:
+        return dict(record["inputs"])
+    command, spec_fields, regime_fields = record.get("command", []), record.get("spec"), record.get("regime")
+    if "--vocab" not in command or not isinstance(spec_fields, dict) or not isinstance(regime_fields, dict):
+        return None
+    vocab = Path(command[command.index("--vocab") + 1])
+    if not vocab.is_file():
+        return None
+    regime = Regime(**regime_fields)
+    max_units = QUICK_UNITS if str(regime_fields.get("notes", "")).startswith("quick:") else None
+    parts = Parts(folder=Path(), source_sha256=record.get("parts_sha256", ""), units={},
+                  recipe=split_recipe(max_units=max_units))
+    return run_inputs(RunSpec(**spec_fields), regime, parts, vocab=vocab)
+
+
 def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path, record: Path,
         machine: dict[str, Any]) -> dict[str, Any]:
     """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds."""
+    inputs = run_inputs(spec, regime, parts, vocab=vocab)
     if record.is_file():
         old = json.loads(record.read_text())
-        same_regime = {k: old.get("regime", {}).get(k) for k in regime.run_key()} == regime.run_key()
         # a failed record is not reused: the failure may have been the machine's (a killed launcher, a broken
         # environment), and a diverging run fails again quickly
-        if (old.get("spec") == spec.key() and old.get("parts_sha256") == parts.source_sha256 and same_regime
-                and old.get("error") is None):
+        if old.get("error") is None and recorded_inputs(old) == inputs:
             logger.info("%s: recorded in %s; reused", spec.name, record)
             return dict(old)
+        logger.info("%s: the record in %s was made with other inputs (or failed); running again", spec.name, record)
     from mission.jobs import launch
 
     folder = work / spec.regime / spec.eval_part / spec.name
@@ -91,7 +126,7 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     curve = heldout_curve(rows, column=f"heldout_{spec.eval_part}_mlm_loss")
     if not curve.values and error is None:
         raise RuntimeError(f"{spec.name}: no heldout_{spec.eval_part}_mlm_loss in {folder / 'run' / 'metrics.jsonl'}")
-    result = {"spec": spec.key(), "parts_sha256": parts.source_sha256, "regime": asdict(regime),
+    result = {"inputs": inputs, "spec": spec.key(), "parts_sha256": parts.source_sha256, "regime": asdict(regime),
               "curve": asdict(curve), "final": None if error else curve.values[-1], "error": error,
               "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",

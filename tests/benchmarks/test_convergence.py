@@ -181,9 +181,11 @@ def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> Non
 
 @REAL_DATA
 def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> None:
-    """final --quick (small regime, seed 1) from a recorded choice: 2 bert_pretrain launches."""
-    chosen = {"lamb": {"lr": 0.01, "warmup": 0.1},
-              "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1, "inv_every": 2}}
+    """final --quick (small regime, seed 1) from a recorded choice (tuned --quick: 4 steps per run): 2 bert_pretrain
+    launches."""
+    chosen: dict[str, Any] = {"lamb": {"lr": 0.01, "warmup": 0.1}, "budget": {"lamb": {"steps_per_run": 4}},
+                              "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1,
+                                       "inv_every": 2}}
     (tmp_path / "results" / "small").mkdir(parents=True)
     (tmp_path / "results" / "small" / "chosen.json").write_text(json.dumps(chosen))
     result = main(["final", "--regimes", "small", *_common(tmp_path)])
@@ -226,3 +228,119 @@ def test_tuning_reuses_records_when_only_the_other_grid_changed_and_reruns_stale
     main(["tune", "--regime", "small", *_common(tmp_path)])
     record = json.loads(lamb_record.read_text())
     assert record["error"] is None and record["curve"]["values"]
+
+
+def _fake_launches(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """bert_pretrain replaced by a stand-in that writes one held-out evaluation: the records' keys, not training."""
+    from mission import jobs
+
+    calls: list[list[str]] = []
+
+    def fake_launch(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        out = Path(args[args.index("--output") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        part = args[args.index("--eval-data") + 1].split("=")[0]
+        (out / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 5.0, "elapsed_s": 1.0,
+                                                       f"heldout_{part}_mlm_loss": 5.0}) + "\n")
+        calls.append(args)
+        return 1.0
+
+    monkeypatch.setattr(jobs, "launch", fake_launch)
+    return calls
+
+
+def _blocks(path: Path, n: int = 12) -> Path:
+    path.write_text("\n\n".join(f"Block {i} says something about item {i}." for i in range(n)) + "\n")
+    return path
+
+
+@REAL_DATA
+def test_quick_runs_write_outside_the_shipped_results_and_final_refuses_toy_choices(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tune --quick` once overwrote the shipped small/chosen*.json (which the README tells main-job users to pass),
+    and `final` then ran the toy-scale choice at full scale unchecked."""
+    from benchmarks.convergence import cli
+
+    _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    monkeypatch.setattr(cli, "REPO", tmp_path)  # the defaults of --results and --work live under REPO
+    shipped = tmp_path / "benchmarks" / "results" / "convergence"
+    main(["tune", "--regime", "small", "--quick"])
+    assert not (shipped / "small").exists()
+    quick_chosen = next(tmp_path.rglob("chosen.json"))
+    assert json.loads(quick_chosen.read_text())["tuned_at"]["scale"] == "quick"
+    with pytest.raises(SystemExit, match="--quick"):  # a quick choice read by a full-scale final
+        main(["final", "--regimes", "small", "--results", str(quick_chosen.parents[1]), "--work",
+              str(tmp_path / "w")])
+    with pytest.raises(SystemExit, match="--results"):  # quick records into the shipped folder
+        main(["tune", "--regime", "small", "--quick", "--results", str(shipped)])
+
+
+def test_final_refuses_a_recorded_choice_tuned_at_another_scale(tmp_path: Path) -> None:
+    """A chosen.json written before the scale was recorded: its budget's steps per run say the scale."""
+    from benchmarks.convergence import cli
+
+    chosen = {"regime": "small", "lamb": {"lr": 0.01, "warmup": 0.1}, "budget": {"lamb": {"steps_per_run": 4}},
+              "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1, "inv_every": 2}}
+    with pytest.raises(SystemExit, match="4 steps"):
+        cli.check_scale(chosen, REGIMES["small"], path=tmp_path / "chosen.json")
+    cli.check_scale({**chosen, "budget": {"lamb": {"steps_per_run": 1500}}}, REGIMES["small"],
+                    path=tmp_path / "chosen.json")
+    # tuned at full scale on one text, final on another: the report part would not be the tuned text's
+    parts = write_parts(_blocks(tmp_path / "a.txt"), tmp_path / "parts")
+    tuned = {**chosen, "tuned_at": cli.scale_of(REGIMES["small"], quick_scale=False, parts=parts)}
+    cli.check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=parts)
+    other = write_parts(_blocks(tmp_path / "b.txt", n=13), tmp_path / "parts")
+    with pytest.raises(SystemExit, match="sources_sha256"):
+        cli.check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=other)
+
+
+def test_a_recorded_run_is_reused_only_when_every_input_is_the_same(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reuse key once left out the vocabulary (and the split of the text): a changed run was "reused"."""
+    from benchmarks.convergence.regimes import quick
+    from benchmarks.convergence.runner import RunSpec, run
+
+    calls = _fake_launches(monkeypatch)
+    regime = quick(REGIMES["small"])
+    text, vocab = _blocks(tmp_path / "text.txt"), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    spec = RunSpec(name="lamb", regime="small", optimizer="lamb", lr=0.01, warmup=0.1, steps=4, seed=0,
+                   eval_part="tune")
+    record = tmp_path / "results" / "lamb.json"
+
+    def once(parts_max: int | None = None) -> None:
+        parts = write_parts(text, tmp_path / "parts", max_units=parts_max)
+        run(spec, regime, parts, vocab=vocab, work=tmp_path / "work", record=record, machine={})
+
+    once()
+    once()
+    assert len(calls) == 1  # nothing changed: reused
+    vocab.write_text(vocab.read_text() + "item\n")  # same path, other vocabulary
+    once()
+    assert len(calls) == 2
+    once(parts_max=9)  # same source, another split of it
+    assert len(calls) == 3
+    once(parts_max=9)
+    assert len(calls) == 3
+    assert json.loads(record.read_text())["inputs"]["vocab_sha256"]
+
+
+@REAL_DATA
+def test_shipped_records_stay_reusable_under_the_new_key() -> None:
+    """Records made before the key covered every input are read compatibly: their inputs are computed from what
+    each record says it ran with (the vocab file its command names, its regime and spec), and equal what a run
+    of the same spec computes today, so `final` and `tune` reuse them."""
+    from benchmarks.convergence.parts import Parts
+    from benchmarks.convergence.runner import RunSpec, recorded_inputs, run_inputs
+
+    results = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "convergence"
+    checked = 0
+    for path in sorted(results.glob("*/final/*.json")) + sorted(results.glob("*/tune/*.json")):
+        old = json.loads(path.read_text())
+        spec = RunSpec(**old["spec"])
+        parts = Parts(folder=Path("unused"), source_sha256=old["parts_sha256"], units={})  # full-scale split
+        assert recorded_inputs(old) == run_inputs(spec, REGIMES[spec.regime], parts, vocab=DEFAULT_VOCAB), path
+        checked += 1
+    assert checked >= 40
