@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
     p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
     p.add_argument("--articles", type=int, default=None, help="articles of the built-in corpus")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of every stage: the built-in data, pretraining and SQuAD fine-tuning")
     p.add_argument("--fresh", action="store_true",
                    help="redo every stage; by default a rerun skips stages finished with the same arguments "
                         "(stages.json) and resumes an interrupted pretraining phase from its last checkpoint")
@@ -60,6 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         given, missing = ("--squad-train", "--squad-eval") if args.squad_train else ("--squad-eval", "--squad-train")
         p.error(f"{given} without {missing}: give both SQuAD v1.1 files (train and eval), or neither for the "
                 "built-in questions")
+    if args.articles and args.data and args.squad_train:
+        p.error("--articles sizes the built-in corpus and questions, but --data and --squad-train/--squad-eval "
+                "replace both: leave --articles out")
     return args
 
 
@@ -143,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
         squad_args = ["--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
                       str(squad_eval), "--config", str(args.squad_config), "--output", str(root / "squad"),
-                      "--epochs", str(args.squad_epochs), "--eval-before"]
+                      "--epochs", str(args.squad_epochs), "--seed", str(args.seed), "--eval-before"]
         seconds[label]["squad"] = record.run(
             f"{root.name}/squad", "squad_finetune", squad_args, output=root / "squad" / "eval_results.json",
             log=root / "squad.log", ranks=args.ranks, inputs=[record.token(f"{root.name}/phase2"), squad_digest])

@@ -80,3 +80,20 @@ def test_interval_warnings_name_the_key_and_the_fix() -> None:
     assert "kfac.inv_update_steps 50" in warning and "30 steps" in warning and "x.json" in warning
     assert interval_warnings({"kfac": {"enabled": False, "inv_update_steps": 50}}, steps=30, source="x") == []
     assert interval_warnings({"optimizer": {}}, steps=30, source="x") == []
+
+
+def test_the_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--seed once reached pretraining and the built-in data but not SQuAD fine-tuning (its own default 42)."""
+    launched = _fake_stages(monkeypatch)
+    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--seed", "3"])
+    assert len(launched) == 6
+    for args in launched:
+        assert args[args.index("--seed") + 1] == "3", args[0]
+
+
+def test_articles_with_every_input_given_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--articles sizes the built-in corpus and questions: with --data and both SQuAD files nothing reads it."""
+    with pytest.raises(SystemExit):
+        mission_run.parse_args(["--data", "a.txt", "--squad-train", "t.json", "--squad-eval", "e.json",
+                                "--articles", "50"])
+    assert "--articles" in capsys.readouterr().err
