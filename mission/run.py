@@ -89,9 +89,22 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             config = phase_config(args, phase=phase, suffix=suffix)
             path = Path(config) if Path(config).is_absolute() else REPO / config
-            if path.is_file():
-                warnings += interval_warnings(json.loads(path.read_text()), steps=steps,
-                                              source=f"{label}, phase {phase} ({config})")
+            if not path.is_file():  # before hours of other stages, not when this one starts
+                own = "--kfac-phase1-config" if suffix else "--lamb-phase1-config"
+                flag = own if phase == 1 and getattr(args, own[2:].replace("-", "_")) else "--config-prefix"
+                raise SystemExit(f"python -m mission: {flag}: {config} does not exist (the {label} variant's "
+                                 f"phase-{phase} config; configs are <prefix>_phase{{1,2}}[_kfac].json)")
+            warnings += interval_warnings(json.loads(path.read_text()), steps=steps,
+                                          source=f"{label}, phase {phase} ({config})")
+    if args.model_size != "tiny":
+        defaults = parse_args([])
+        for flag, value, default in (("--config-prefix", args.config_prefix, defaults.config_prefix),
+                                     ("--squad-config", args.squad_config, defaults.squad_config)):
+            if value == default:
+                warnings.append(f"--model-size {args.model_size} trains with the default {flag} {value}, the "
+                                f"recipe made for BERT-tiny on 2 CPU ranks (its learning rate and batch); give "
+                                f"{flag} a recipe for this model")
+                logger.warning("WARNING: %s", warnings[-1])
     return warnings
 
 
@@ -157,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
                                                "phase2_steps": args.phase2_steps, "ranks": args.ranks,
                                                "eval_every": args.eval_every,
                                                "data": " ".join(map(str, args.data)) if args.data else "built-in",
-                                               "kfac_phase1_config": str(args.kfac_phase1_config or
-                                                                         f"{args.config_prefix}_phase1_kfac.json")},
+                                               "vocab": str(args.vocab or "trained on the corpus"),
+                                               "squad": f"{squad_train} / {squad_eval}",
+                                               "lamb_phase1_config": phase_config(args, phase=1, suffix=""),
+                                               "kfac_phase1_config": phase_config(args, phase=1, suffix="_kfac")},
                           warnings=warnings)
     print(f"main job done: report at {report} and {out / 'report.json'} (plots: {out / 'heldout_curves.png'}, "
           f"{out / 'loss_curves.png'}; logs: {out}/*/*.log)")

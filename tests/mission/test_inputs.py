@@ -97,3 +97,19 @@ def test_articles_with_every_input_given_is_refused(tmp_path: Path, capsys: pyte
         mission_run.parse_args(["--data", "a.txt", "--squad-train", "t.json", "--squad-eval", "e.json",
                                 "--articles", "50"])
     assert "--articles" in capsys.readouterr().err
+
+
+def test_a_missing_phase_config_fails_before_any_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched = _fake_stages(monkeypatch)
+    with pytest.raises(SystemExit, match="--config-prefix"):
+        mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--config-prefix", "ds_configs/no"])
+    assert launched == []
+
+
+def test_tiny_cpu_configs_on_a_larger_model_are_named_in_the_report(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--model-size mini once trained with the BERT-tiny CPU recipes (pretraining and SQuAD lr) without a word."""
+    _fake_stages(monkeypatch)
+    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--model-size", "mini"])
+    warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
+    assert "--squad-config" in warnings and "--config-prefix" in warnings and "mini" in warnings
