@@ -61,10 +61,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         given, missing = ("--squad-train", "--squad-eval") if args.squad_train else ("--squad-eval", "--squad-train")
         p.error(f"{given} without {missing}: give both SQuAD v1.1 files (train and eval), or neither for the "
                 "built-in questions")
+    inputs = [("--data", path) for path in args.data or []] + [
+        (flag, path) for flag, path in (("--vocab", args.vocab), ("--squad-train", args.squad_train),
+                                        ("--squad-eval", args.squad_eval), ("--squad-config", args.squad_config))
+        if path is not None]
+    for flag, path in inputs:  # checked now, not when the stage that reads it starts (hours later at full size)
+        if not in_repo(path).is_file():
+            p.error(f"{flag} {path}: no such file")
     if args.articles and args.data and args.squad_train:
         p.error("--articles sizes the built-in corpus and questions, but --data and --squad-train/--squad-eval "
                 "replace both: leave --articles out")
     return args
+
+
+def in_repo(path: str | Path) -> Path:
+    """A path as the stages read it: they run in the repository root."""
+    return Path(path) if Path(path).is_absolute() else REPO / path
 
 
 def phase_config(args: argparse.Namespace, *, phase: int, suffix: str) -> str:
@@ -88,7 +100,7 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
     for label, suffix in VARIANTS.items():
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             config = phase_config(args, phase=phase, suffix=suffix)
-            path = Path(config) if Path(config).is_absolute() else REPO / config
+            path = in_repo(config)
             if not path.is_file():  # before hours of other stages, not when this one starts
                 own = "--kfac-phase1-config" if suffix else "--lamb-phase1-config"
                 flag = own if phase == 1 and getattr(args, own[2:].replace("-", "_")) else "--config-prefix"
@@ -155,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             seconds[label][f"phase{phase}"] = record.run(
                 f"{root.name}/phase{phase}", "bert_pretrain", phase_args,
                 output=root / f"phase{phase}" / "summary.json", log=root / f"phase{phase}.log", ranks=args.ranks,
-                inputs=[upstream], resume_flag="--resume", restart_flag="--overwrite")
+                inputs=[upstream, file_digest([in_repo(config)])], resume_flag="--resume", restart_flag="--overwrite")
             bar.update()
         bar.set_postfix_str(f"{label}: SQuAD fine-tuning")
         squad_args = ["--model", str(root / "phase2" / "final"), "--train-file", str(squad_train), "--eval-file",
@@ -163,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                       "--epochs", str(args.squad_epochs), "--seed", str(args.seed), "--eval-before"]
         seconds[label]["squad"] = record.run(
             f"{root.name}/squad", "squad_finetune", squad_args, output=root / "squad" / "eval_results.json",
-            log=root / "squad.log", ranks=args.ranks, inputs=[record.token(f"{root.name}/phase2"), squad_digest])
+            log=root / "squad.log", ranks=args.ranks,
+            inputs=[record.token(f"{root.name}/phase2"), squad_digest, file_digest([in_repo(args.squad_config)])])
         bar.update()
     bar.close()
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,

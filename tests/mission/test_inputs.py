@@ -113,3 +113,36 @@ def test_tiny_cpu_configs_on_a_larger_model_are_named_in_the_report(tmp_path: Pa
     mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--model-size", "mini"])
     warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
     assert "--squad-config" in warnings and "--config-prefix" in warnings and "mini" in warnings
+
+
+def test_a_changed_config_file_reruns_its_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun skips finished stages; a config edited in place (same path, same arguments) once left its stage
+    "already done" with the old settings."""
+    launched: list[list[str]] = []
+
+    def fake_launch(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        out = Path(args[args.index("--output") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "eval_results.json"):
+            (out / name).write_text("{}")
+        launched.append([module, *args])
+        return 1.0
+
+    monkeypatch.setattr(stages, "launch", fake_launch)
+    config = tmp_path / "kfac1.json"
+    config.write_text((REPO / "ds_configs" / "bert_tiny_phase1_kfac.json").read_text())
+    argv = ["--output", str(tmp_path / "out"), "--articles", "30", "--kfac-phase1-config", str(config)]
+    mission_run.main(argv)
+    mission_run.main(argv)
+    assert len(launched) == 6  # the second run skipped every stage
+    config.write_text(config.read_text().replace('"damping": 0.0001', '"damping": 0.001'))
+    mission_run.main(argv)
+    rerun = [a[a.index("--output") + 1] for a in launched[6:]]
+    assert rerun == [str(tmp_path / "out" / "kfac" / p) for p in ("phase1", "phase2", "squad")]
+
+
+@pytest.mark.parametrize("flag", ["--data", "--vocab", "--squad-config"])
+def test_a_missing_input_file_is_refused_at_once_by_its_flag(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        mission_run.parse_args([flag, "no/such/file.txt"])
+    assert f"{flag} no/such/file.txt: no such file" in capsys.readouterr().err

@@ -124,23 +124,50 @@ def test_row_labels_come_from_what_each_phase_recorded(tmp_path: Path, recorded:
     assert label in caplog.text
 
 
-def test_defaults_fit_the_cpu_budget_and_flags_parse() -> None:
+def test_defaults_fit_the_cpu_budget_and_flags_parse(tmp_path: Path) -> None:
     args = parse_args([])
     assert (args.model_size, args.ranks, args.squad_epochs) == ("tiny", 2, 4)
-    args = parse_args(["--model-size", "mini", "--phase1-steps", "7", "--data", "a.txt", "b.txt"])
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("text\n")
+    args = parse_args(["--model-size", "mini", "--phase1-steps", "7", "--data", str(tmp_path / "a.txt"),
+                       str(tmp_path / "b.txt")])
     assert args.phase1_steps == 7 and [p.name for p in args.data] == ["a.txt", "b.txt"]
 
 
+WIKITEXT = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "wikitext-2" / "valid.txt"
+BERT_VOCAB = WIKITEXT.parents[1] / "bert-vocab" / "vocab.txt"
+
+
 @pytest.mark.slow
-def test_main_job_end_to_end_short(tmp_path: Path) -> None:
-    """The README's main command with fewer steps: every stage runs and the report names both F1 scores."""
+@pytest.mark.skipif(not (WIKITEXT.is_file() and BERT_VOCAB.is_file()), reason="../shared/data absent")
+def test_main_job_end_to_end_short_learns_real_text_with_the_given_vocabulary(tmp_path: Path) -> None:
+    """The README's main command, short, on real text (the first 400 kB of WikiText-2 valid) with BERT's
+    vocabulary: every stage runs, the models have BERT's 30,522 tokens, under 5% of the text is [UNK], and each
+    variant's held-out MLM loss falls by at least 0.25 nats from its first evaluation (step 4) to its last (16).
+    Measured (2 shared CPU cores): LAMB 10.09 -> 9.69, LAMB + K-FAC 9.84 -> 8.51 (ln 30522 = 10.33)."""
+    from bert_pretrain.data.documents import WIKITEXT_MARKS
+    from bert_pretrain.data.tokenizer import count_unknown, load_tokenizer, vocab_digest
     from mission.run import main
 
-    assert main(["--output", str(tmp_path), "--phase1-steps", "6", "--phase2-steps", "2", "--squad-epochs", "1",
-                 "--articles", "120"]) == 0
-    text = (tmp_path / "report.md").read_text()
-    assert text.count("| LAMB") == 2 and "n/a" not in text.split("| LAMB + K-FAC")[0], text  # LAMB reaches its own
-    assert (tmp_path / "loss_curves.png").is_file() and (tmp_path / "heldout_curves.png").is_file()
-    variants = json.loads((tmp_path / "report.json").read_text())["variants"]
+    text = tmp_path / "wikitext_head.txt"
+    text.write_bytes(WIKITEXT.read_bytes()[:400_000])
+    out = tmp_path / "out"
+    assert main(["--output", str(out), "--data", str(text), "--vocab", str(BERT_VOCAB), "--phase1-steps", "16",
+                 "--phase2-steps", "2", "--squad-epochs", "1", "--eval-every", "4"]) == 0
+    report = (out / "report.md").read_text()
+    assert "| LAMB |" in report and "| LAMB + K-FAC |" in report, report  # labels as the phases recorded them
+    assert "not in the pretraining text" in report  # --data fine-tuned on the built-in questions: said
+    for variant in ("lamb", "kfac"):
+        final = out / variant / "phase2" / "final"
+        assert json.loads((final / "config.json").read_text())["vocab_size"] == 30522
+        assert vocab_digest(final / "vocab.txt") == vocab_digest(BERT_VOCAB)
+        heldout = [r["heldout_mlm_loss"] for r in read_rows(out / variant / "phase1" / "metrics.jsonl")
+                   if "heldout_mlm_loss" in r]
+        assert len(heldout) == 4 and heldout[0] - heldout[-1] >= 0.25, (variant, heldout)
+    tok = load_tokenizer(out / "lamb" / "phase2" / "final" / "vocab.txt")
+    lines = [WIKITEXT_MARKS.sub(r"\1", line) for line in text.read_text().splitlines() if line.strip()]
+    unknown, total = count_unknown(tok, lines)
+    assert total > 50_000 and unknown / total < 0.05, (unknown, total)
+    variants = json.loads((out / "report.json").read_text())["variants"]
     assert variants["lamb"]["steps_to_lamb_final"] is not None and variants["kfac"]["squad_f1"] is not None
-    print(text, file=sys.stderr)
+    print(report, file=sys.stderr)
