@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,11 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
 def final(args: argparse.Namespace) -> dict[str, Any]:
     seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
     info = machine()
-    result: dict[str, Any] = {"command": "python -m benchmarks.convergence final " + " ".join(
-        (["--quick"] if args.quick else []) + ["--regimes", *args.regimes, "--seeds", *map(str, seeds)]),
+    given = (["--quick"] if args.quick else []) + ["--regimes", *args.regimes, "--seeds", *map(str, seeds)]
+    given += (["--text", *map(str, args.text)] if args.text else []) + ["--vocab", str(args.vocab)]
+    given += (["--steps", str(args.steps)] if args.steps else []) + (
+        ["--model-size", args.model_size] if args.model_size else [])
+    result: dict[str, Any] = {"command": "python -m benchmarks.convergence final " + shlex.join(given),
         "machine": info, "machine_line": machine_line(info), "regimes": {}}
     for name in args.regimes:
         regime = regime_of(name, args)

@@ -344,3 +344,22 @@ def test_shipped_records_stay_reusable_under_the_new_key() -> None:
         assert recorded_inputs(old) == run_inputs(spec, REGIMES[spec.regime], parts, vocab=DEFAULT_VOCAB), path
         checked += 1
     assert checked >= 40
+
+
+def test_final_json_names_every_input_it_ran_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """final.json's command once kept only --quick, --regimes and --seeds: a run on other --text, --vocab, --steps
+    or --model-size was recorded as the default one."""
+    calls = _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
+              "--vocab", str(vocab), "--steps", "6", "--model-size", "mini"]
+    main(["tune", "--regime", "small", *common])
+    result = main(["final", "--regimes", "small", *common])
+    assert len(calls) == 4
+    recorded = json.loads((tmp_path / "r" / "final.json").read_text())
+    for given in (str(text), str(vocab), "--steps 6", "--model-size mini"):
+        assert given in recorded["command"], given
+    assert recorded["command"] == result["command"]
