@@ -108,6 +108,11 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
                                  f"phase-{phase} config; configs are <prefix>_phase{{1,2}}[_kfac].json)")
             warnings += interval_warnings(json.loads(path.read_text()), steps=steps,
                                           source=f"{label}, phase {phase} ({config})")
+    if args.eval_every * 2 > args.phase1_steps:
+        warnings.append(f"--eval-every {args.eval_every} with --phase1-steps {args.phase1_steps}: the held-out "
+                        f"curves have {-(-args.phase1_steps // args.eval_every)} point(s), so the steps and seconds to LAMB's final loss are coarse or missing; evaluate "
+                        "more often")
+        logger.warning("WARNING: %s", warnings[-1])
     if args.model_size != "tiny":
         defaults = parse_args([])
         for flag, value, default in (("--config-prefix", args.config_prefix, defaults.config_prefix),

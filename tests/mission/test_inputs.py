@@ -146,3 +146,12 @@ def test_a_missing_input_file_is_refused_at_once_by_its_flag(flag: str, capsys: 
     with pytest.raises(SystemExit):
         mission_run.parse_args([flag, "no/such/file.txt"])
     assert f"{flag} no/such/file.txt: no such file" in capsys.readouterr().err
+
+
+def test_an_evaluation_interval_as_long_as_phase_1_is_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--phase1-steps 10 with the default --eval-every 20: the held-out curves (and the crossing of LAMB's final
+    loss) had one point, the last, without a word."""
+    _fake_stages(monkeypatch)
+    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "10"])
+    warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
+    assert "--eval-every 20" in warnings and "--phase1-steps 10" in warnings
