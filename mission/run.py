@@ -110,8 +110,8 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
                                           source=f"{label}, phase {phase} ({config})")
     if args.eval_every * 2 > args.phase1_steps:
         warnings.append(f"--eval-every {args.eval_every} with --phase1-steps {args.phase1_steps}: the held-out "
-                        f"curves have {-(-args.phase1_steps // args.eval_every)} point(s), so the steps and seconds to LAMB's final loss are coarse or missing; evaluate "
-                        "more often")
+                        f"curves have {-(-args.phase1_steps // args.eval_every)} point(s), so the steps and seconds "
+                        "to LAMB's final loss are coarse or missing; evaluate more often")
         logger.warning("WARNING: %s", warnings[-1])
     if args.model_size != "tiny":
         defaults = parse_args([])
