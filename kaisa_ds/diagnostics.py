@@ -1,5 +1,9 @@
 """What a person tuning K-FAC needs to see per step, gathered without host syncs on the hot path.
 
+Per decomposition, per layer group: the share of the curvature that damping outweighs and the cosine between
+the preconditioned and the raw gradient (:mod:`kaisa_ds.precondition.effectiveness`), and the layers left
+unpreconditioned.
+
 The KL-clip scale ν and the eigenvalue ranges stay tensors until :meth:`Diagnostics.snapshot` is called (on a
 reporting step), so recording them costs nothing on the other steps. Layers are grouped by their name with
 the layer index removed (``bert.encoder.layer.*.attention.self.query``), which is how a person reads a model.
@@ -38,9 +42,27 @@ class Diagnostics:
     failed_decompositions: int = 0  # in total
     consecutive_failures: dict[str, int] = field(default_factory=dict)
     eigen_ranges: dict[str, torch.Tensor] = field(default_factory=dict)  # group.A|G -> (min, max) tensor
+    damping_mode: str = "relative"
+    effectiveness_due: bool = False  # set by a decomposition; the step's preconditioning then measures
+    effectiveness: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> damping_share, cosine
+    unpreconditioned: list[str] = field(default_factory=list)  # layers the last measurement could not precondition
+    warned: set[str] = field(default_factory=set)  # kinds of effectiveness warnings already logged
 
-    def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float) -> None:
-        self.kl_scale, self.damping, self.lr = kl_scale, damping, lr
+    def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float,
+                    damping_mode: str = "relative") -> None:
+        self.kl_scale, self.damping, self.lr, self.damping_mode = kl_scale, damping, lr, damping_mode
+
+    def record_effectiveness(self, figures: dict[str, tuple[float, float] | None], *, empty: list[str]) -> None:
+        """Per layer (damping share, cosine to the raw gradient), or None where it was not preconditioned; kept
+        as the mean per layer group (see :mod:`kaisa_ds.precondition.effectiveness`)."""
+        by_group: dict[str, list[tuple[float, float]]] = {}
+        for name, fig in figures.items():
+            if fig is not None:
+                by_group.setdefault(layer_group(name), []).append(fig)
+        self.effectiveness = {g: {"damping_share": sum(f[0] for f in fs) / len(fs),
+                                  "cosine": sum(f[1] for f in fs) / len(fs)} for g, fs in by_group.items()}
+        self.unpreconditioned = sorted(set(empty) | {n for n, f in figures.items() if f is None})
+        self.effectiveness_due = False
 
     def record_decompositions(self, step: int, *, tried: list[str], failed: list[str]) -> None:
         """After a decomposition step: the factors this rank ``tried`` and the ones that ``failed``."""
@@ -71,8 +93,10 @@ class Diagnostics:
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
-            "damping": self.damping, "lr": self.lr,
+            "damping": self.damping, "damping_mode": self.damping_mode, "lr": self.lr,
             "decomposition_age": None if self.last_decomposition_step is None else step - self.last_decomposition_step,
             "skipped_windows": skipped_windows, "failed_decompositions": self.failed_decompositions,
             "eigenvalues": {k: {"min": v[0], "max": v[1]} for k, v in ranges.items()},
+            "effectiveness": {k: dict(v) for k, v in self.effectiveness.items()},
+            "unpreconditioned_layers": list(self.unpreconditioned),
         }

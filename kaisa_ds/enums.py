@@ -23,6 +23,19 @@ class DistributedStrategy(str, enum.Enum):
     MEM_OPT = "mem-opt"  # fraction 1/world: one rank per layer preconditions and broadcasts
 
 
+class DampingMode(str, enum.Enum):
+    """What a damping value is measured against.
+
+    ``relative`` (the default): a multiple of each layer's own curvature scale, the mean eigenvalue of A ⊗ G
+    (``trace(A)/dim_A · trace(G)/dim_G``), so multiplying the loss by any constant leaves every layer's
+    preconditioned direction unchanged. ``absolute``: the number itself, added to the eigenvalues as given
+    (the library's behaviour before relative damping; its value depends on how the loss is scaled).
+    """
+
+    RELATIVE = "relative"
+    ABSOLUTE = "absolute"
+
+
 class LossReduction(str, enum.Enum):
     """How the training loss was reduced over samples; sets the per-sample scaling of output gradients.
 

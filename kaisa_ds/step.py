@@ -17,6 +17,7 @@ from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
+from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.reduction import WindowReducer
@@ -136,7 +137,7 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
     mine = {name: (f.value, f.diagonal) for name, f in s.factors().items()
             if s.decomposes(name, p.rank) and f.has_value}
     fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method.value,
-                          damping=cfg.value("damping", p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
+                          damping=cfg.damping_at(p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
                           out_dtype=cfg.inv_dtype)  # type: ignore[arg-type]
     p.decompositions.update({n: d for n, d in fresh.items() if d is not None})
     check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
@@ -148,6 +149,7 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
         p.decompositions.update({n: from_tensors(received[n][:-1], method=cfg.method.value)
                                  for n, ok in zip(names, valid) if ok > 0})
     p.grouped.invalidate()
+    p.diagnostics.effectiveness_due = True
     p.diagnostics.eigen_ranges_from({f: (s.factor_labels[f], d.eigvals) for f, d in p.decompositions.items()
                                      if d.eigvals is not None and f in s.factor_labels})
 
@@ -184,7 +186,7 @@ def precondition_local(p: StepOwner, s: LayerStructure, grads: dict[str, torch.T
             out[name] = grads[name]
         else:
             pairs[name] = (a, g)
-    out.update(p.grouped.apply(grads, pairs, damping=p.config.value("damping", p.steps)))
+    out.update(p.grouped.apply(grads, pairs, damping=p.config.damping_at(p.steps)))
     return out
 
 
@@ -233,6 +235,8 @@ def run_step(p: StepOwner) -> None:
         p.needs_decomposition = False
     with timer.stage("preconditioning"):
         pre = precondition_local(p, s, grads)
+        if p.diagnostics.effectiveness_due:  # decomposition steps only: they sync anyway
+            effectiveness.check(p, s, grads, pre)
     with timer.stage("gradient_broadcast"):
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
@@ -240,7 +244,8 @@ def run_step(p: StepOwner) -> None:
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
               if kl is not None else None)
-        p.diagnostics.record_step(kl_scale=nu, damping=p.config.value("damping", step), lr=lr)
+        damping = p.config.damping_at(step)
+        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode.value)
     with timer.stage("write_grads"):
         scale = p.loss_scale()
         for n in names:

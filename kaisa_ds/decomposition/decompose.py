@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from kaisa_ds.enums import DampingMode
+from kaisa_ds.precondition.damping import Damping
+
 logger = logging.getLogger(__name__)
 BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call (a temporary copy)
 
@@ -22,7 +25,8 @@ BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call
 @dataclass
 class Decomposition:
     """Eigen method: ``F = Q diag(λ) Qᵀ`` (Q is None for a diagonal factor).
-    Inverse method: ``inverse = (F + damping·I)⁻¹`` (a vector for a diagonal factor)."""
+    Inverse method: ``inverse = (F + γ·I)⁻¹`` (a vector for a diagonal factor), ``γ`` from
+    :meth:`Damping.factor_shift <kaisa_ds.precondition.damping.Damping.factor_shift>`."""
 
     eigvecs: torch.Tensor | None = None
     eigvals: torch.Tensor | None = None
@@ -62,12 +66,20 @@ def _eigen(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool) -> Decompos
     return Decomposition(eigvecs=vecs, eigvals=vals.clamp(min=0.0))
 
 
-def _inverse(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool, damping: float) -> Decomposition:
+DampingLike = float | Damping  # a bare number is absolute damping
+
+
+def as_damping(damping: DampingLike) -> Damping:
+    return damping if isinstance(damping, Damping) else Damping(DampingMode.ABSOLUTE, float(damping))
+
+
+def _inverse(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool, damping: DampingLike) -> Decomposition:
     f = factor.to(dtype)
+    shift = as_damping(damping).factor_shift(f, diagonal=diagonal)
     if diagonal:
-        return Decomposition(inverse=1.0 / (f + damping))
+        return Decomposition(inverse=1.0 / (f + shift))
     eye = torch.eye(f.shape[-1], dtype=dtype, device=f.device)
-    return Decomposition(inverse=torch.linalg.inv(f + damping * eye))
+    return Decomposition(inverse=torch.linalg.inv(f + shift * eye))
 
 
 def _cast(dec: Decomposition, dtype: torch.dtype) -> Decomposition:
@@ -75,7 +87,7 @@ def _cast(dec: Decomposition, dtype: torch.dtype) -> Decomposition:
 
 
 def decompose(
-    factor: torch.Tensor, *, method: str, diagonal: bool, damping: float, compute_dtype: torch.dtype,
+    factor: torch.Tensor, *, method: str, diagonal: bool, damping: DampingLike, compute_dtype: torch.dtype,
     out_dtype: torch.dtype, name: str = "factor",
 ) -> Decomposition | None:
     """Decompose one factor; None when both the requested precision and FP64 fail."""
@@ -99,7 +111,7 @@ def _batches(names: list[str], dim: int) -> list[list[str]]:
 
 
 def decompose_all(
-    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: str, damping: float, compute_dtype: torch.dtype,
+    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: str, damping: DampingLike, compute_dtype: torch.dtype,
     out_dtype: torch.dtype,
 ) -> dict[str, Decomposition | None]:
     """Decompose ``{name: (factor, diagonal)}``; dense factors of equal size go through one batched call.
@@ -123,7 +135,7 @@ def decompose_all(
 
 
 def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: str,
-                     damping: float, compute_dtype: torch.dtype,
+                     damping: DampingLike, compute_dtype: torch.dtype,
                      out_dtype: torch.dtype) -> dict[str, Decomposition | None]:
     def one_by_one() -> dict[str, Decomposition | None]:
         return {n: decompose(factors[n][0], method=method, diagonal=False, damping=damping,

@@ -1,12 +1,14 @@
-"""``(A ⊗ G + damping·I)⁻¹ vec(∇)`` for layers in groups of equal shapes, with batched matmuls and cached
+"""``(A ⊗ G + γ·I)⁻¹ vec(∇)`` for layers in groups of equal shapes, with batched matmuls and cached
 eigenvalue denominators.
 
-Eigen method: ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + damping)] Q_Aᵀ``. Inverse method: ``(G + damping·I)⁻¹ ∇
-(A + damping·I)⁻¹``. Diagonal factors (embedding inputs) have no eigenvectors: their rotation is the identity.
+Eigen method: ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + γ)] Q_Aᵀ``. Inverse method: ``(G + γ_G·I)⁻¹ ∇
+(A + γ_A·I)⁻¹`` (the shifts were added at decomposition). ``γ`` is per layer: absolute, or relative to the
+layer's own eigenvalues (:mod:`kaisa_ds.precondition.damping`).
+Diagonal factors (embedding inputs) have no eigenvectors: their rotation is the identity.
 
 Between two decompositions only the gradients change, so everything else a step needs is built once:
 layers with the same (out, in) shape and factor kinds are stacked into one group, their eigenvector (or
-inverse) matrices into one ``(L, n, n)`` tensor, and for the eigen method ``1 / (λ_G λ_Aᵀ + damping)`` into one
+inverse) matrices into one ``(L, n, n)`` tensor, and for the eigen method ``1 / (λ_G λ_Aᵀ + γ)`` into one
 ``(L, out, in)`` tensor. A step is then four (eigen) or two (inverse) batched matmuls and one multiply per group,
 with no host sync. Layers that share an A factor (a transformer's query/key/value) are multiplied by it as one
 taller matrix ``[∇Q; ∇K; ∇V] Q_A``, so a shared factor is stacked once. The decompositions' own tensors are
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kaisa_ds.decomposition.decompose import Decomposition
+from kaisa_ds.precondition.damping import Damping
 
 Pair = tuple[Decomposition, Decomposition]  # (A, G)
 
@@ -31,7 +34,8 @@ class _Group:
     share: int  # layers per A factor in this group
     g_mats: torch.Tensor  # (L, out, out): G eigenvectors, or G's damped inverse
     a_mats: torch.Tensor | None  # (L / share, in, in); None for a diagonal A factor
-    scale: torch.Tensor  # eigen: 1 / (λ_G λ_Aᵀ + damping), (L, out, in); inverse: A's diagonal inverse, (L, 1, in)
+    scale: torch.Tensor  # eigen: 1 / (λ_G λ_Aᵀ + γ), (L, out, in); inverse: A's diagonal inverse, (L, 1, in)
+    shift: torch.Tensor | None = None  # eigen: γ per layer, (L, 1, 1)
 
     def a_side(self, v: torch.Tensor, *, transpose: bool) -> torch.Tensor:
         """``v @ A`` (or ``Aᵀ``) per layer, the layers sharing an A factor stacked into one taller matrix."""
@@ -57,12 +61,12 @@ def _stack(decs: list[Decomposition], attr: str) -> torch.Tensor:
 
 
 class GroupedPreconditioner:
-    """Applies ``(A ⊗ G + damping·I)⁻¹`` to many layers' gradient matrices at once."""
+    """Applies ``(A ⊗ G + γ·I)⁻¹`` to many layers' gradient matrices at once."""
 
     def __init__(self, *, eigen: bool) -> None:
         self.eigen = eigen
         self._groups: list[_Group] | None = None
-        self._damping: float | None = None
+        self._damping: Damping | None = None  # the eigen denominators follow the damping (value and mode)
 
     def invalidate(self) -> None:
         """Forget the groups (call after any decomposition changes)."""
@@ -72,7 +76,16 @@ class GroupedPreconditioner:
         """Bytes of the cached denominators (the stacked matrices are the decompositions' own storage)."""
         return sum(g.scale.numel() * g.scale.element_size() for g in self._groups or [])
 
-    def _build(self, pairs: dict[str, Pair], damping: float) -> list[_Group]:
+    def damping_shares(self) -> dict[str, torch.Tensor]:
+        """Eigen method: per layer, the mean over the spectrum of ``γ / (λ_G λ_A + γ)`` (1: damping outweighs
+        every eigenvalue, a rescaled gradient; 0: the curvature does), from the cached denominators (no sync)."""
+        out: dict[str, torch.Tensor] = {}
+        for g in self._groups or []:
+            if g.shift is not None:
+                out.update(zip(g.layers, (g.scale * g.shift).mean((1, 2)).float().unbind(0)))
+        return out
+
+    def _build(self, pairs: dict[str, Pair], damping: Damping) -> list[_Group]:
         readers: dict[int, list[str]] = {}  # A decomposition -> the layers that read it, in order
         for name, (a, _) in pairs.items():
             readers.setdefault(id(a), []).append(name)
@@ -82,7 +95,7 @@ class GroupedPreconditioner:
             by_key.setdefault((*_key(a, g), len(names)), []).append(names)
         return [self._group(runs, pairs, damping) for runs in by_key.values()]
 
-    def _group(self, runs: list[list[str]], pairs: dict[str, Pair], damping: float) -> _Group:
+    def _group(self, runs: list[list[str]], pairs: dict[str, Pair], damping: Damping) -> _Group:
         names = [n for run in runs for n in run]
         a_decs, g_decs = [pairs[run[0]][0] for run in runs], [pairs[n][1] for n in names]
         if self.eigen:
@@ -90,18 +103,18 @@ class GroupedPreconditioner:
             a_mats = _stack(a_decs, "eigvecs") if a_decs[0].eigvecs is not None else None
             lam_g = _stack(g_decs, "eigvals")
             lam_a = _stack(a_decs, "eigvals").repeat_interleave(len(runs[0]), 0)
-            scale = torch.baddbmm(torch.full((), damping, dtype=lam_g.dtype, device=lam_g.device),
-                                  lam_g.unsqueeze(2), lam_a.unsqueeze(1)).reciprocal_()
-        else:
-            g_mats = _stack(g_decs, "inverse")
-            dense_a = a_decs[0].inverse is not None and a_decs[0].inverse.dim() == 2
-            a_mats = _stack(a_decs, "inverse") if dense_a else None
-            scale = (torch.ones((), dtype=g_mats.dtype, device=g_mats.device) if dense_a
-                     else _stack(a_decs, "inverse").repeat_interleave(len(runs[0]), 0).unsqueeze(1))
+            shift = damping.eigen_shift(lam_g, lam_a)
+            scale = torch.baddbmm(shift, lam_g.unsqueeze(2), lam_a.unsqueeze(1)).reciprocal_()
+            return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale, shift=shift)
+        g_mats = _stack(g_decs, "inverse")
+        dense_a = a_decs[0].inverse is not None and a_decs[0].inverse.dim() == 2
+        a_mats = _stack(a_decs, "inverse") if dense_a else None
+        scale = (torch.ones((), dtype=g_mats.dtype, device=g_mats.device) if dense_a
+                 else _stack(a_decs, "inverse").repeat_interleave(len(runs[0]), 0).unsqueeze(1))
         return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale)
 
     def apply(self, grads: dict[str, torch.Tensor], pairs: dict[str, Pair], *,
-              damping: float) -> dict[str, torch.Tensor]:
+              damping: Damping) -> dict[str, torch.Tensor]:
         """Preconditioned FP32 gradients of the layers in ``pairs`` (all must be in ``grads``)."""
         if not pairs:
             return {}

@@ -1,0 +1,113 @@
+"""Is K-FAC doing anything? Per layer, at each decomposition: how much of the curvature damping outweighs, and the
+cosine between the preconditioned and the raw gradient; a warning (once) when K-FAC has become a rescaled gradient.
+
+Damping share: the mean over the eigen-directions of ``A ⊗ G`` of ``γ / (λ + γ)``, the part of each denominator
+that is damping (a soft count of the eigenvalues damping dominates). Eigen method: from the cached denominators;
+inverse method, whose damping is split between the factors: ``1 − (1 − S_A)(1 − S_G)`` with
+``S_F = mean(γ_F · diag((F + γ_F I)⁻¹))``. A well-tuned damping can dominate most eigenvalues of a heavy-tailed
+spectrum and still change the step (the few large ones carry the gradient), so a layer counts as a rescaled
+gradient only when its damping share is over :data:`DOMINATED_SHARE` AND its cosine to the raw gradient is at least
+:data:`RESCALED_COSINE`. Computed only on decomposition steps, from tensors the step already has, with one small
+all-reduce and one host sync there (decomposition steps sync anyway); nothing on the other steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from kaisa_ds.diagnostics import layer_group
+from kaisa_ds.precondition.damping import Damping
+
+if TYPE_CHECKING:
+    from kaisa_ds.step import StepOwner
+    from kaisa_ds.structure import LayerStructure
+
+logger = logging.getLogger(__name__)
+DOMINATED_SHARE = 0.5  # damping share over this: damping outweighs most of the layer's curvature
+RESCALED_COSINE = 0.99  # preconditioned gradient this close to the raw one: preconditioning changed nothing
+Figures = dict[str, tuple[float, float] | None]  # layer -> (damping share, cosine); None: not preconditioned
+
+
+def _inverse_share(factor: torch.Tensor, inverse: torch.Tensor, damping: Damping, *, diagonal: bool) -> torch.Tensor:
+    shift = damping.factor_shift(factor.float(), diagonal=diagonal)
+    diag = inverse.float() if inverse.dim() == 1 else inverse.float().diagonal()
+    return (diag * shift).mean()
+
+
+def local_figures(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
+                  pre: dict[str, torch.Tensor], damping: Damping) -> torch.Tensor:
+    """``(layers, 3)``: damping share, cosine and 1 for the layers this rank preconditioned, zeros elsewhere."""
+    shares = p.grouped.damping_shares() if p.grouped.eigen else {}
+    device = next(iter(s.layers.values())).helper.weight.device
+    rows = []
+    for name, layer in s.layers.items():
+        a, g = p.decompositions.get(layer.a.name), p.decompositions.get(layer.g.name)
+        if a is None or g is None or name not in grads or name not in pre or not s.preconditions(name, p.rank):
+            rows.append(torch.zeros(3, device=device))
+            continue
+        if p.grouped.eigen:
+            share = shares[name]
+        else:
+            assert a.inverse is not None and g.inverse is not None and layer.a.value is not None
+            assert layer.g.value is not None
+            s_a = _inverse_share(layer.a.value, a.inverse, damping, diagonal=layer.a.diagonal)
+            s_g = _inverse_share(layer.g.value, g.inverse, damping, diagonal=False)
+            share = 1 - (1 - s_a) * (1 - s_g)
+        cos = torch.nn.functional.cosine_similarity(pre[name].flatten().float(), grads[name].flatten().float(),
+                                                    dim=0)
+        rows.append(torch.stack([share.to(device), cos.to(device), torch.ones((), device=device)]))
+    return torch.stack(rows)
+
+
+def gather(p: StepOwner, s: LayerStructure, table: torch.Tensor) -> Figures:
+    """Every layer's figures on every rank (one all-reduce of a few floats per layer, one host sync)."""
+    if p.world > 1:
+        torch.distributed.all_reduce(table, op=torch.distributed.ReduceOp.SUM)
+    out: Figures = {}
+    for name, (share, cos, count) in zip(s.layers, table.tolist()):
+        out[name] = (share / count, cos / count) if count > 0 else None
+    return out
+
+
+def check(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor], pre: dict[str, torch.Tensor]) -> None:
+    """Measure, record in ``p.diagnostics`` and warn (rank 0, once per kind of problem)."""
+    damping = p.config.damping_at(p.steps)
+    figures = gather(p, s, local_figures(p, s, grads, pre, damping))
+    empty = [n for n, ly in s.layers.items() if not (ly.a.has_value and ly.g.has_value)]
+    p.diagnostics.record_effectiveness(figures, empty=empty)
+    if p.rank == 0:
+        warn(figures, empty=empty, damping=damping, warned=p.diagnostics.warned)
+
+
+def warn(figures: Figures, *, empty: list[str], damping: Damping, warned: set[str]) -> None:
+    measured = {n: f for n, f in figures.items() if f is not None}
+    rescaled = sorted(n for n, (share, cos) in measured.items() if share > DOMINATED_SHARE and cos >= RESCALED_COSINE)
+    if measured and len(rescaled) > len(measured) / 2 and "rescaled" not in warned:
+        warned.add("rescaled")
+        fix = ("lower relative_damping" if damping.relative else
+               "remove damping to use the scale-aware default (relative_damping), or lower damping")
+        logger.warning("K-FAC has become a rescaled gradient: with %s, damping outweighs most of the curvature in %d "
+                       "of %d layers and their preconditioned gradients are within cosine %.2f of the raw ones "
+                       "(layer groups: %s); %s (kfac.%s in a DeepSpeed config)", damping.describe(), len(rescaled),
+                       len(measured), RESCALED_COSINE, _groups(rescaled),
+                       fix, "relative_damping" if damping.relative else "damping")
+    away = sorted(n for n, (_, cos) in measured.items() if cos < 0)
+    if away and "away" not in warned:
+        warned.add("away")
+        logger.warning("K-FAC: the preconditioned gradient points away from the raw gradient in %d layers (%s): "
+                       "the decompositions are stale or broken; raise the damping (%s) or decompose more often "
+                       "(inv_update_steps)", len(away), ", ".join(away[:8]), damping.describe())
+    missing = sorted(set(empty) | {n for n, f in figures.items() if f is None})
+    if missing and "empty" not in warned:
+        warned.add("empty")
+        logger.warning("K-FAC: %d layers were not preconditioned at this decomposition (empty factors: the layer "
+                       "was unused or no sampled token reached it, or it has no gradient or decomposition): %s",
+                       len(missing), ", ".join(missing[:12]) + (" ..." if len(missing) > 12 else ""))
+
+
+def _groups(layers: list[str]) -> str:
+    groups = sorted({layer_group(n) for n in layers})
+    return ", ".join(groups[:8]) + (" ..." if len(groups) > 8 else "")
