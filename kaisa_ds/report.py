@@ -4,7 +4,9 @@ Reads ``RUN_DIR/metrics.jsonl`` (rows with a ``kfac`` object, as ``bert_pretrain
 ``KFACPreconditioner.diagnostics_snapshot()``) and writes ``RUN_DIR/kfac_diagnostics.png``: the KL-clip scale ν
 (how much of each step K-FAC's trust region cuts), damping and learning rate in force, the eigenvalue range of
 every layer group's A and G factors at each decomposition against the damping (eigenvalues far below the damping
-mean the damping dominates that direction), the decomposition age, and skipped windows and failed decompositions.
+mean the damping dominates that direction), the decomposition age, and skipped windows and failed decompositions;
+and the effectiveness check of each decomposition per layer group: the share of the curvature damping outweighs
+and the cosine between the preconditioned and the raw gradient (both near 1: K-FAC has become a rescaled gradient).
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    nu, values, eig, faults = axes.flat
+    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
+    nu, values, eig, faults, share, cosine = axes.flat
     nu.plot(steps, [r["kl_scale"] if r["kl_scale"] is not None else float("nan") for r in rows])
     nu.set(title="KL-clip scale ν (1: step not cut)", xlabel="step", ylim=(0, 1.05))
-    values.plot(steps, [r["damping"] for r in rows], label="damping")
+    mode = rows[-1].get("damping_mode", "absolute")
+    values.plot(steps, [r["damping"] for r in rows], label=f"damping ({mode})")
     values.plot(steps, [r["lr"] for r in rows], label="learning rate")
     values.set(title="values in force", xlabel="step", yscale="log")
     values.legend()
@@ -52,7 +55,8 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
         high = [r["eigenvalues"][group]["max"] for r in decomposition_rows if group in r["eigenvalues"]]
         line = eig.plot(xs, high, label=group.split(".", 2)[-1] if len(group) > 40 else group)[0]
         eig.plot(xs, low, ":", color=line.get_color())
-    eig.plot(steps, [r["damping"] for r in rows], "k--", label="damping")
+    if mode == "absolute":  # relative damping is per layer: its scale is in the damping-share panel
+        eig.plot(steps, [r["damping"] for r in rows], "k--", label="damping")
     eig.set(title="eigenvalues of the decompositions in force (solid max, dotted min)", xlabel="step",
             yscale="log")
     eig.legend(fontsize=6, ncol=2)
@@ -62,10 +66,31 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
                         for r in rows], label="decomposition age (steps)")
     faults.set(title="faults and staleness", xlabel="step")
     faults.legend()
+    _effectiveness(share, cosine, rows)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _effectiveness(share: Any, cosine: Any, rows: list[dict[str, Any]]) -> None:
+    """Per layer group, at each decomposition: damping share and cosine to the raw gradient."""
+    checked = [r for r in rows if r.get("effectiveness")]
+    for group in sorted({g for r in checked for g in r["effectiveness"]}):
+        label = group.split(".", 2)[-1] if len(group) > 40 else group
+        xs = [r["step"] for r in checked if group in r["effectiveness"]]
+        share.plot(xs, [r["effectiveness"][group]["damping_share"] for r in checked if group in r["effectiveness"]],
+                   label=label)
+        cosine.plot(xs, [r["effectiveness"][group]["cosine"] for r in checked if group in r["effectiveness"]],
+                    label=label)
+    share.set(title="share of the curvature damping outweighs (1: rescaled gradient)", xlabel="step",
+              ylim=(0, 1.05))
+    cosine.axhline(0.99, color="k", ls="--", lw=0.8)
+    cosine.set(title="cosine(preconditioned, raw gradient) (≥ 0.99: K-FAC changes nothing)", xlabel="step",
+               ylim=(-1.05, 1.05))
+    for ax in (share, cosine):
+        if checked:
+            ax.legend(fontsize=6)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,8 @@ logger = logging.getLogger(__name__)
 
 
 def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float, int]]:
-    """(name, value, x) events for ``engine.monitor.write_events``: ms per stage, MB of memory, skipped windows."""
+    """(name, value, x) events for ``engine.monitor.write_events``: ms per stage, MB of memory, skipped windows,
+    and per layer group the effectiveness check's damping share and cosine to the raw gradient."""
     events = [(f"Train/KFAC/{stage}_ms", seconds * 1000.0, samples) for stage, seconds in kfac.timings.items()]
     events += [(f"Train/KFAC/{kind}_MB", nbytes / 2**20, samples) for kind, nbytes in kfac.memory_usage().items()]
     diag = kfac.diagnostics_snapshot()
@@ -20,6 +21,9 @@ def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float
             events.append((f"Train/KFAC/{key}", float(diag[key]), samples))
     for group, bounds in diag["eigenvalues"].items():
         events += [(f"Train/KFAC/eigenvalue_{which}/{group}", value, samples) for which, value in bounds.items()]
+    for group, figures in diag["effectiveness"].items():
+        events += [(f"Train/KFAC/{key}/{group}", value, samples) for key, value in figures.items()]
+    events.append(("Train/KFAC/unpreconditioned_layers", float(len(diag["unpreconditioned_layers"])), samples))
     return events
 
 
