@@ -84,3 +84,42 @@ def test_skip_layers_match_names_and_class_names() -> None:
     assert list(KFACPreconditioner(model, skip_layers=["fc2"]).layers) == ["fc1"]
     with pytest.raises(ValueError, match="no trainable"):
         KFACPreconditioner(TinyMLP(), skip_layers="Linear")
+
+
+def test_damping_is_relative_unless_an_absolute_value_is_given() -> None:
+    from kaisa_ds.enums import DampingMode
+
+    assert KFACConfig().damping_at(0).mode is DampingMode.RELATIVE
+    assert KFACConfig(damping=1e-4).damping_at(0) == KFACConfig(damping_mode="ABSOLUTE", damping=1e-4).damping_at(0)
+    assert KFACConfig(damping=1e-4).damping_at(0).mode is DampingMode.ABSOLUTE  # old configs keep their meaning
+    assert KFACConfig(damping_mode="absolute").damping_at(0).value == 1e-3  # the old library default
+    cfg = KFACConfig.from_dict({"relative_damping": {"initial": 10.0, "milestones": [5], "factor": 0.1},
+                                "damping_mode": "relative"})
+    assert cfg.damping_mode is DampingMode.RELATIVE  # an enum past the config boundary
+    assert [cfg.damping_at(s).value for s in (0, 5)] == pytest.approx([10.0, 1.0])
+    # keywords on top of a config: an absolute damping replaces the default relative one
+    precond = KFACPreconditioner(TinyMLP(), config=KFACConfig(), damping=1e-4)
+    assert precond.config.damping_at(0).mode is DampingMode.ABSOLUTE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument", "key"),
+    [
+        ({"damping_mode": "adaptive"}, r"^damping_mode='adaptive' is not valid; allowed values: 'relative', 'abs",
+         r"^kfac\.damping_mode='adaptive' is not valid"),
+        ({"relative_damping": 0.0}, r"^relative_damping=0.0 is not valid; allowed: > 0",
+         r"^kfac\.relative_damping=0.0 is not valid; allowed: > 0"),
+        ({"relative_damping": -1}, r"^relative_damping=-1 is not valid", r"^kfac\.relative_damping=-1(\.0)? is not"),
+        ({"damping": 1e-3, "relative_damping": 10.0}, r"^damping and relative_damping are both given",
+         r"^kfac\.damping and kfac\.relative_damping are both given"),
+        ({"damping_mode": "relative", "damping": 1e-3}, r"^damping_mode='relative' with damping given",
+         r"^kfac\.damping_mode='relative' with kfac\.damping given"),
+        ({"damping_mode": "absolute", "relative_damping": 1.0}, r"^damping_mode='absolute' with relative_damping",
+         r"^kfac\.damping_mode='absolute' with kfac\.relative_damping"),
+    ],
+)
+def test_bad_damping_options_name_the_argument_and_the_config_key(kwargs: dict, argument: str, key: str) -> None:
+    with pytest.raises(ValueError, match=argument):
+        KFACConfig(**kwargs)
+    with pytest.raises(ValueError, match=key):
+        KFACConfig.from_dict(kwargs)

@@ -35,10 +35,26 @@ def test_section_is_parsed_once_into_kfac_config() -> None:
     ({"factor_update_steps": 0}, r"kfac\.factor_update_steps=0 .*integer >= 1"),
     ({"damping": 0.01, "compute_method": "svd"}, r"kfac\.compute_method.*'eigen', 'inverse'"),
     ({"lr": 0.1}, r"kfac\.lr .*learning rate"),
+    ({"damping_mode": "auto"}, r"^kfac\.damping_mode='auto' is not valid; allowed values: 'relative', 'absolute'"),
+    ({"relative_damping": 0}, r"^kfac\.relative_damping=0(\.0)? is not valid; allowed: > 0"),
+    ({"relative_damping": {"initial": -1.0}}, r"^kfac\.relative_damping\.initial"),
+    ({"damping": 1e-3, "relative_damping": 100}, r"^kfac\.damping and kfac\.relative_damping are both given"),
 ])
 def test_bad_sections_fail_at_start_up_naming_the_key(section: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
         parse_kfac_section({"kfac": section})  # also when disabled: typos surface early
+
+
+def test_shipped_configs_keep_their_absolute_damping_and_a_bare_section_is_relative() -> None:
+    from kaisa_ds.enums import DampingMode
+
+    with_damping = [c for c in CONFIGS if "damping" in json.loads(c.read_text()).get("kfac", {})]
+    for path in with_damping:  # their recorded figures were measured with absolute damping
+        section = parse_kfac_section(load_config(str(path)) | {"kfac": {**load_config(str(path))["kfac"],
+                                                                         "enabled": True}})
+        assert section.config is not None and section.config.damping_at(0).mode is DampingMode.ABSOLUTE, path
+    bare = parse_kfac_section({"kfac": {"enabled": True}}).config
+    assert bare is not None and bare.damping_at(0).mode is DampingMode.RELATIVE
 
 
 def test_zero3_and_lamb_on_flat_partitions_are_refused() -> None:
