@@ -29,9 +29,10 @@ def run(c: float, **options: Any) -> tuple[KFACPreconditioner, dict[str, torch.T
     for batch in BATCHES:
         model.zero_grad()
         (pretraining_loss(model, batch) * c).backward()
-        raw = {n: p.grad.clone() for n, p in model.named_parameters() if n in watched}
+        raw = {n: p.grad.clone() for n, p in model.named_parameters() if n in watched and p.grad is not None}
         precond.step()
-    return precond, raw, {n: p.grad.clone() for n, p in model.named_parameters() if n in watched}
+    return precond, raw, {n: p.grad.clone() for n, p in model.named_parameters()
+                          if n in watched and p.grad is not None}
 
 
 @pytest.fixture(scope="module")
