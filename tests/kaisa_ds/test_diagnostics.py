@@ -3,6 +3,8 @@ consecutive decomposition failures."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,3 +105,58 @@ def test_every_rank_stops_together_when_one_rank_keeps_failing() -> None:
 def test_limit_is_validated() -> None:
     with pytest.raises(ValueError, match="max_decomposition_failures"):
         KFACConfig(max_decomposition_failures=0)
+
+
+def test_effectiveness_is_measured_at_decompositions_only_and_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kaisa_ds.precondition import effectiveness
+
+    calls: list[int] = []
+    real = effectiveness.check
+
+    def counting(*args: Any) -> None:
+        calls.append(args[0].steps)
+        real(*args)
+
+    monkeypatch.setattr(effectiveness, "check", counting)
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, inv_update_steps=3)
+    for seed in range(6):
+        _step(model, precond, seed)
+    assert calls == [0, 3]  # no host sync for it on the other steps
+    snap = precond.diagnostics_snapshot()
+    assert set(snap["effectiveness"]) == {"emb", "query", "key", "value", "out"}
+    for figures in snap["effectiveness"].values():
+        assert 0 < figures["damping_share"] < 1 and -1 <= figures["cosine"] <= 1
+    assert snap["damping_mode"] == "relative" and snap["unpreconditioned_layers"] == []
+    names = {n for n, _, _ in kfac_events(precond, samples=0)}
+    assert {"Train/KFAC/damping_share/out", "Train/KFAC/cosine/query"} <= names
+
+
+def test_layers_with_empty_factors_are_named(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.support.models import TinyWithUnusedHead
+
+    torch.manual_seed(0)
+    model = TinyWithUnusedHead()  # the head's forward hook fires, but no gradient reaches its output
+    precond = KFACPreconditioner(model)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        model.zero_grad()
+        F.mse_loss(model(torch.randint(0, 11, (4, 5), generator=g)), torch.randn(4, 5, 5, generator=g)).backward()
+        precond.step()
+    assert precond.diagnostics_snapshot()["unpreconditioned_layers"] == ["head"]
+    named = [r.getMessage() for r in caplog.records if "not preconditioned" in r.getMessage()]
+    assert len(named) == 1 and named[0].endswith(": head")  # once, not at every decomposition
+
+
+def test_preconditioning_that_points_away_from_the_gradient_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    from kaisa_ds.enums import DampingMode
+    from kaisa_ds.precondition.damping import Damping
+    from kaisa_ds.precondition.effectiveness import warn
+
+    warned: set[str] = set()
+    figures: dict[str, tuple[float, float] | None] = {"l.0.fc": (0.2, -0.3), "l.1.fc": (0.2, 0.5)}
+    for _ in range(2):
+        warn(figures, empty=[], damping=Damping(DampingMode.RELATIVE, 1.0), warned=warned)
+    away = [r.getMessage() for r in caplog.records if "points away" in r.getMessage()]
+    assert len(away) == 1 and "l.0.fc" in away[0] and "l.1.fc" not in away[0]

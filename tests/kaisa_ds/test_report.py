@@ -48,3 +48,15 @@ def test_a_run_without_kfac_or_without_metrics_is_named(tmp_path: Path, capsys: 
     with pytest.raises(SystemExit):
         main([str(tmp_path / "absent")])
     assert "metrics.jsonl does not exist" in capsys.readouterr().err
+
+
+def test_effectiveness_is_plotted_and_old_logs_still_plot(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    rows = kfac_rows(run / "metrics.jsonl")
+    assert all(r["effectiveness"]["out"]["cosine"] <= 1 for r in rows) and rows[0]["damping_mode"] == "relative"
+    old = tmp_path / "old"
+    old.mkdir()
+    legacy = [{k: v for k, v in r.items() if k not in ("effectiveness", "damping_mode", "unpreconditioned_layers")}
+              for r in rows]  # metrics.jsonl written before the effectiveness check
+    (old / "metrics.jsonl").write_text("".join(json.dumps({"step": r["step"], "kfac": r}) + "\n" for r in legacy))
+    assert main([str(old)]) == 0 and (old / "kfac_diagnostics.png").is_file()
