@@ -65,7 +65,10 @@ def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
     """Validate the ``kfac`` section; absent or ``enabled: false`` means K-FAC is off.
 
     Every error names ``kfac.<key>`` and the allowed values, and fires at start-up (also when disabled,
-    so typos surface before a long run is launched with K-FAC switched on).
+    so typos surface before a long run is launched with K-FAC switched on). ``kfac.damping`` is absolute (what
+    every shipped config means by it); without it ``kfac.relative_damping`` (default
+    :data:`~kaisa_ds.config.DEFAULT_RELATIVE_DAMPING`) scales with each layer's curvature; ``kfac.damping_mode``
+    ("relative" / "absolute") names the mode explicitly; both values given is an error.
     """
     section = config.get("kfac")
     if section is None:

@@ -79,3 +79,21 @@ def test_absolute_damping_is_still_available_and_depends_on_the_loss_scale() -> 
     _, base = preconditioned(1.0, damping=1e-3)
     _, scaled = preconditioned(1e-3, damping=1e-3)
     assert min(cosines(scaled, base).values()) < 0.99
+
+
+def test_cached_denominators_follow_a_scheduled_relative_damping() -> None:
+    """Between decompositions the eigen denominators are cached; a relative damping that changes must rebuild them
+    (same gradient, same decompositions, different damping -> a different step)."""
+    torch.manual_seed(0)
+    model = TinyTransformerish()
+    precond = KFACPreconditioner(model, relative_damping=lambda s: 100.0 if s < 2 else 0.01, inv_update_steps=10,
+                                 kl_clip=None)
+    ids, target = _batches(torch.float32)[0]
+    out = []
+    for _ in range(3):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(ids), target).backward()
+        precond.step()
+        out.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert min(cosines(out[1], out[0]).values()) > 0.9999  # same damping: the cached denominators
+    assert min(cosines(out[2], out[1]).values()) < 0.99  # the damping changed: rebuilt
