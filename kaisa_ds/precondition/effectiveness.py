@@ -45,14 +45,18 @@ def local_figures(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor
     rows = []
     for name, layer in s.layers.items():
         a, g = p.decompositions.get(layer.a.name), p.decompositions.get(layer.g.name)
-        if a is None or g is None or name not in grads or name not in pre or not s.preconditions(name, p.rank):
+        usable = a is not None and g is not None and name in grads and name in pre and s.preconditions(name, p.rank)
+        if usable and not p.grouped.eigen:  # the inverse method's share also needs the factors themselves
+            usable = layer.a.value is not None and layer.g.value is not None
+        if not usable or (p.grouped.eigen and name not in shares):
             rows.append(torch.zeros(3, device=device))
             continue
+        assert a is not None and g is not None
         if p.grouped.eigen:
             share = shares[name]
         else:
-            assert a.inverse is not None and g.inverse is not None and layer.a.value is not None
-            assert layer.g.value is not None
+            assert a.inverse is not None and g.inverse is not None
+            assert layer.a.value is not None and layer.g.value is not None
             s_a = _inverse_share(layer.a.value, a.inverse, damping, diagonal=layer.a.diagonal)
             s_g = _inverse_share(layer.g.value, g.inverse, damping, diagonal=False)
             share = 1 - (1 - s_a) * (1 - s_g)

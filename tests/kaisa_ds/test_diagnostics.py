@@ -160,3 +160,17 @@ def test_preconditioning_that_points_away_from_the_gradient_warns_once(caplog: p
         warn(figures, empty=[], damping=Damping(DampingMode.RELATIVE, 1.0), warned=warned)
     away = [r.getMessage() for r in caplog.records if "points away" in r.getMessage()]
     assert len(away) == 1 and "l.0.fc" in away[0] and "l.1.fc" not in away[0]
+
+
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_damping_share_follows_the_damping_in_both_methods(method: str) -> None:
+    shares = {}
+    for r in (1e-6, 1e6):
+        torch.manual_seed(0)
+        model = TinyTransformerish()
+        precond = KFACPreconditioner(model, compute_method=method, relative_damping=r)
+        _step(model, precond, 0)
+        shares[r] = precond.diagnostics_snapshot()["effectiveness"]
+    for group in shares[1e6]:
+        assert shares[1e6][group]["damping_share"] > 0.99 and shares[1e6][group]["cosine"] > 0.99  # rescaled
+        assert shares[1e-6][group]["damping_share"] < 0.5
