@@ -203,8 +203,8 @@ class KFACPreconditioner:
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def diagnostics_snapshot(self) -> dict[str, Any]:
-        """KL-clip scale ν, damping and lr in force, decomposition age, skipped windows, failed decompositions,
-        and min/max eigenvalues per layer group of the decompositions this rank holds (one host sync)."""
+        """ν, damping (and its mode) and lr in force, decomposition age, skipped/failed counts, min/max eigenvalues
+        per layer group held here, and the last decomposition's effectiveness check (one host sync)."""
         return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows)
 
     def memory_usage(self) -> dict[str, int]:
