@@ -1,8 +1,8 @@
 """What a person tuning K-FAC needs to see per step, gathered without host syncs on the hot path.
 
-Per decomposition, per layer group: the share of the curvature that damping outweighs and the cosine between
-the preconditioned and the raw gradient (:mod:`kaisa_ds.precondition.effectiveness`), and the layers left
-unpreconditioned.
+Per decomposition, per layer group: the share of the gradient on which damping outweighs the curvature (damping
+share, gradient-weighted) and the cosine between the preconditioned and the raw gradient
+(:mod:`kaisa_ds.precondition.effectiveness`), and the layers left unpreconditioned.
 
 The KL-clip scale ν and the eigenvalue ranges stay tensors until :meth:`Diagnostics.snapshot` is called (on a
 reporting step), so recording them costs nothing on the other steps. Layers are grouped by their name with

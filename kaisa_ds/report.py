@@ -1,12 +1,13 @@
 """``python -m kaisa_ds.report RUN_DIR``: PNG plots of a run's K-FAC diagnostics, readable at a glance.
 
 Reads ``RUN_DIR/metrics.jsonl`` (rows with a ``kfac`` object, as ``bert_pretrain`` writes them from
-``KFACPreconditioner.diagnostics_snapshot()``) and writes ``RUN_DIR/kfac_diagnostics.png``: the KL-clip scale ν
-(how much of each step K-FAC's trust region cuts), damping and learning rate in force, the eigenvalue range of
-every layer group's A and G factors at each decomposition against the damping (eigenvalues far below the damping
-mean the damping dominates that direction), the decomposition age, and skipped windows and failed decompositions;
-and the effectiveness check of each decomposition per layer group: the share of the curvature damping outweighs
-and the cosine between the preconditioned and the raw gradient (both near 1: K-FAC has become a rescaled gradient).
+``KFACPreconditioner.diagnostics_snapshot()``) and writes ``RUN_DIR/kfac_diagnostics.png``: the KL-clip scale ν (how
+much of each step K-FAC's trust region cuts), damping and learning rate in force, the eigenvalue range of every
+layer group's A and G factors at each decomposition against the damping (eigenvalues far below the damping mean the
+damping dominates that direction), the decomposition age, and skipped windows and failed decompositions; and the
+effectiveness check of each decomposition per layer group: the share of the gradient on which damping outweighs the
+curvature and the cosine between the preconditioned and the raw gradient (both near 1: K-FAC has become a rescaled
+gradient).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def _effectiveness(share: Any, cosine: Any, rows: list[dict[str, Any]]) -> None:
                    label=label)
         cosine.plot(xs, [r["effectiveness"][group]["cosine"] for r in checked if group in r["effectiveness"]],
                     label=label)
-    share.set(title="share of the curvature damping outweighs (1: rescaled gradient)", xlabel="step",
+    share.set(title="damping share, gradient-weighted (1: rescaled gradient)", xlabel="step",
               ylim=(0, 1.05))
     cosine.axhline(0.99, color="k", ls="--", lw=0.8)
     cosine.set(title="cosine(preconditioned, raw gradient) (≥ 0.99: K-FAC changes nothing)", xlabel="step",

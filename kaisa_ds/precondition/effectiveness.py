@@ -1,12 +1,14 @@
 """Is K-FAC doing anything? Per layer, at each decomposition: how much of the curvature damping outweighs, and the
 cosine between the preconditioned and the raw gradient; a warning (once) when K-FAC has become a rescaled gradient.
 
-Damping share: the mean over the eigen-directions of ``A ⊗ G`` of ``γ / (λ + γ)``, the part of each denominator
-that is damping (a soft count of the eigenvalues damping dominates). Eigen method: from the cached denominators;
-inverse method, whose damping is split between the factors: ``1 − (1 − S_A)(1 − S_G)`` with
-``S_F = mean(γ_F · diag((F + γ_F I)⁻¹))``. A well-tuned damping can dominate most eigenvalues of a heavy-tailed
-spectrum and still change the step (the few large ones carry the gradient), so a layer counts as a rescaled
-gradient only when its damping share is over :data:`DOMINATED_SHARE` AND its cosine to the raw gradient is at least
+Damping share: the share of the spectrum of ``A ⊗ G`` that damping dominates, weighted by where the gradient
+lies: with ``ĝ`` the gradient in the eigenbasis of ``A ⊗ G``, ``Σ ĝ² · γ / (λ + γ) / Σ ĝ²``, which is
+``γ ⟨∇, P∇⟩ / ‖∇‖²`` for the preconditioned gradient ``P∇`` (so it costs two dot products). 1: damping outweighs
+the curvature wherever the gradient is, and K-FAC is ``∇ / γ``, a rescaled gradient; near 0: the curvature
+decides. Inverse method, damped per factor: ``(λ_A + γ_A)(λ_G + γ_G)`` in place of ``λ + γ`` and ``γ_A γ_G`` for
+``γ``. (Unweighted, the share is near 1 even at a well-tuned damping: most eigenvalues of BERT's factors are far
+below their mean, and the few large ones carry the gradient.) A layer counts as a rescaled gradient when its
+damping share is over :data:`DOMINATED_SHARE` AND its cosine to the raw gradient is at least
 :data:`RESCALED_COSINE`. Computed only on decomposition steps, from tensors the step already has, with one small
 all-reduce and one host sync there (decomposition steps sync anyway); nothing on the other steps.
 """
@@ -31,38 +33,37 @@ RESCALED_COSINE = 0.99  # preconditioned gradient this close to the raw one: pre
 Figures = dict[str, tuple[float, float] | None]  # layer -> (damping share, cosine); None: not preconditioned
 
 
-def _inverse_share(factor: torch.Tensor, inverse: torch.Tensor, damping: Damping, *, diagonal: bool) -> torch.Tensor:
-    shift = damping.factor_shift(factor.float(), diagonal=diagonal)
-    diag = inverse.float() if inverse.dim() == 1 else inverse.float().diagonal()
-    return (diag * shift).mean()
+def _layer_gamma(p: StepOwner, s: LayerStructure, name: str, damping: Damping,
+                 shifts: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The layer's ``γ`` (eigen) or ``γ_A γ_G`` (inverse); None when it cannot be known here."""
+    if p.grouped.eigen:
+        return shifts.get(name)
+    layer = s.layers[name]
+    if layer.a.value is None or layer.g.value is None:
+        return None
+    gamma_a = damping.factor_shift(layer.a.value.float(), diagonal=layer.a.diagonal)
+    gamma_g = damping.factor_shift(layer.g.value.float(), diagonal=False)
+    return torch.as_tensor(gamma_a * gamma_g, dtype=torch.float32).reshape(())  # type: ignore[operator]
 
 
 def local_figures(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
                   pre: dict[str, torch.Tensor], damping: Damping) -> torch.Tensor:
     """``(layers, 3)``: damping share, cosine and 1 for the layers this rank preconditioned, zeros elsewhere."""
-    shares = p.grouped.damping_shares() if p.grouped.eigen else {}
+    shifts = p.grouped.shifts() if p.grouped.eigen else {}
     device = next(iter(s.layers.values())).helper.weight.device
     rows = []
     for name, layer in s.layers.items():
-        a, g = p.decompositions.get(layer.a.name), p.decompositions.get(layer.g.name)
-        usable = a is not None and g is not None and name in grads and name in pre and s.preconditions(name, p.rank)
-        if usable and not p.grouped.eigen:  # the inverse method's share also needs the factors themselves
-            usable = layer.a.value is not None and layer.g.value is not None
-        if not usable or (p.grouped.eigen and name not in shares):
+        held = layer.a.name in p.decompositions and layer.g.name in p.decompositions
+        gamma = (_layer_gamma(p, s, name, damping, shifts)
+                 if held and name in grads and name in pre and s.preconditions(name, p.rank) else None)
+        if gamma is None:
             rows.append(torch.zeros(3, device=device))
             continue
-        assert a is not None and g is not None
-        if p.grouped.eigen:
-            share = shares[name]
-        else:
-            assert a.inverse is not None and g.inverse is not None
-            assert layer.a.value is not None and layer.g.value is not None
-            s_a = _inverse_share(layer.a.value, a.inverse, damping, diagonal=layer.a.diagonal)
-            s_g = _inverse_share(layer.g.value, g.inverse, damping, diagonal=False)
-            share = 1 - (1 - s_a) * (1 - s_g)
-        cos = torch.nn.functional.cosine_similarity(pre[name].flatten().float(), grads[name].flatten().float(),
-                                                    dim=0)
-        rows.append(torch.stack([share.to(device), cos.to(device), torch.ones((), device=device)]))
+        g, pg = grads[name].flatten().float(), pre[name].flatten().float()
+        dot, gg = torch.dot(g, pg), torch.dot(g, g).clamp_min(1e-30)
+        share = (gamma.to(device) * dot / gg).clamp(0.0, 1.0)
+        cos = dot / (gg.sqrt() * pg.norm()).clamp_min(1e-30)
+        rows.append(torch.stack([share, cos, torch.ones((), device=device)]))
     return torch.stack(rows)
 
 

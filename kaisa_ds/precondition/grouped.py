@@ -76,14 +76,10 @@ class GroupedPreconditioner:
         """Bytes of the cached denominators (the stacked matrices are the decompositions' own storage)."""
         return sum(g.scale.numel() * g.scale.element_size() for g in self._groups or [])
 
-    def damping_shares(self) -> dict[str, torch.Tensor]:
-        """Eigen method: per layer, the mean over the spectrum of ``γ / (λ_G λ_A + γ)`` (1: damping outweighs
-        every eigenvalue, a rescaled gradient; 0: the curvature does), from the cached denominators (no sync)."""
-        out: dict[str, torch.Tensor] = {}
-        for g in self._groups or []:
-            if g.shift is not None:
-                out.update(zip(g.layers, (g.scale * g.shift).mean((1, 2)).float().unbind(0)))
-        return out
+    def shifts(self) -> dict[str, torch.Tensor]:
+        """Eigen method: the damping ``γ`` of each layer in the cached groups (0-d tensors; no sync)."""
+        return {n: gamma for g in self._groups or [] if g.shift is not None
+                for n, gamma in zip(g.layers, g.shift.float().reshape(-1).unbind(0))}
 
     def _build(self, pairs: dict[str, Pair], damping: Damping) -> list[_Group]:
         readers: dict[int, list[str]] = {}  # A decomposition -> the layers that read it, in order

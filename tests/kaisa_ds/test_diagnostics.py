@@ -174,3 +174,27 @@ def test_damping_share_follows_the_damping_in_both_methods(method: str) -> None:
     for group in shares[1e6]:
         assert shares[1e6][group]["damping_share"] > 0.99 and shares[1e6][group]["cosine"] > 0.99  # rescaled
         assert shares[1e-6][group]["damping_share"] < 0.5
+
+
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_damping_share_is_the_gradient_weighted_share_of_the_spectrum_damping_dominates(method: str) -> None:
+    torch.manual_seed(0)
+    model = TinyMLP()
+    precond = KFACPreconditioner(model, compute_method=method, relative_damping=3.0, kl_clip=None,
+                                 decomposition_dtype=torch.float64, inv_dtype=torch.float64)
+    x = torch.randn(16, 6)
+    model(x).pow(2).mean().backward()
+    grad = model.fc2.weight.grad.double().clone()  # type: ignore[union-attr]
+    precond.step()
+    a, g = precond.layers["fc2"].a.value.double(), precond.layers["fc2"].g.value.double()  # type: ignore[union-attr]
+    lam_a, q_a = torch.linalg.eigh(a)
+    lam_g, q_g = torch.linalg.eigh(g)
+    energy = (q_g.T @ grad @ q_a) ** 2  # the gradient along each eigen-direction of A ⊗ G
+    if method == "eigen":
+        gamma = 3.0 * lam_a.mean() * lam_g.mean()
+        part = gamma / (lam_g[:, None] * lam_a[None, :] + gamma)
+    else:
+        gamma_a, gamma_g = 3.0**0.5 * lam_a.mean(), 3.0**0.5 * lam_g.mean()
+        part = gamma_a * gamma_g / ((lam_g[:, None] + gamma_g) * (lam_a[None, :] + gamma_a))
+    want = float((energy * part).sum() / energy.sum())
+    assert precond.diagnostics_snapshot()["effectiveness"]["fc2"]["damping_share"] == pytest.approx(want, rel=1e-4)
