@@ -4,7 +4,13 @@ The script is an ordinary Trainer script; the K-FAC lines are marked ``# K-FAC``
     deepspeed --num_gpus 2 examples/hf_trainer_mlm.py --deepspeed examples/ds_config_kfac.json --output runs/hf
     torchrun --nproc_per_node 2 examples/hf_trainer_mlm.py --deepspeed examples/ds_config_kfac.json --output runs/hf
 and give it a corpus with ``--text FILE`` (one document or sentence per line; e.g. WikiText-2); without one it
-trains on generated sentences. ``--resume`` continues from the newest checkpoint in ``--output``.
+trains on generated sentences. ``--vocab FILE`` uses a given BERT vocab.txt; otherwise a WordPiece vocabulary is
+learned on the text (deterministically) and saved as ``--output``/vocab.txt. ``--resume`` continues from the newest
+checkpoint in ``--output`` and reuses the vocabulary saved there (a different one would change the token ids).
+
+The script stays standalone but builds its tokenizer with ``bert_pretrain.data.tokenizer`` (the one home for it):
+``BertTokenizerFast(vocab_file=...)`` is silently ignored by transformers 5 (a 5-token, all-[UNK] tokenizer), and
+the helpers refuse a vocabulary too small for the text or one that turns the text into [UNK].
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset
-from tokenizers import BertWordPieceTokenizer
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -26,6 +31,16 @@ from transformers import (
 )
 
 import kaisa_ds  # K-FAC
+from bert_pretrain.data.documents import read_documents
+from bert_pretrain.data.errors import DataError
+from bert_pretrain.data.tokenizer import (
+    check_coverage,
+    check_vocab_size,
+    count_unknown,
+    load_tokenizer,
+    train_vocab,
+    vocab_digest,
+)
 
 
 def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
@@ -46,6 +61,33 @@ def blocks(lines: list[str], tokenizer: BertTokenizerFast, length: int) -> Datas
     return Dataset.from_dict({"input_ids": rows})
 
 
+def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> BertTokenizerFast:
+    """The tokenizer of this run, saved as --output/vocab.txt; a --resume reuses the saved one (a vocabulary learned
+    or given again could have other ids than the checkpoint's embeddings) and refuses a --vocab that differs."""
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "vocab.txt"
+    lower = not args.cased
+    if args.resume and saved.is_file():
+        if args.vocab is not None and vocab_digest(args.vocab) != vocab_digest(saved):
+            raise DataError(f"--vocab {args.vocab} differs from {saved}, the vocabulary the checkpoint was trained "
+                            "with; resume without --vocab (or with that file), or start a new --output")
+        vocab = saved
+    elif args.vocab is not None:
+        vocab = args.vocab
+        if vocab.resolve() != saved.resolve():
+            saved.write_bytes(vocab.read_bytes())
+    else:
+        vocab = train_vocab([lines], out, vocab_size=args.vocab_size, lower_case=lower)
+    tokenizer = load_tokenizer(vocab, lower_case=lower, check_case=args.vocab is not None)
+    check_vocab_size(tokenizer, source=str(vocab))
+    unknown, total = count_unknown(tokenizer, lines)
+    share = check_coverage(unknown=unknown, total=total, data=str(args.text or "generated text"), source=str(vocab),
+                           max_unk_rate=0.05, rate_flag="(the example's limit)")
+    print(f"vocabulary {vocab}: {len(tokenizer)} tokens, [UNK] {share:.2%} of {total} tokens")
+    return tokenizer
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deepspeed", required=True, help="DeepSpeed JSON with a \"kfac\" section")
@@ -58,22 +100,21 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--save-steps", type=int, default=100)
+    parser.add_argument("--vocab", type=Path, help="a BERT vocab.txt (default: learn one on the text)")
+    parser.add_argument("--vocab-size", type=int, default=4000, help="size of the vocabulary learned without --vocab")
+    parser.add_argument("--cased", action="store_true", help="keep capitals (a cased --vocab needs it)")
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     args = parser.parse_args()
     kaisa_ds.init_distributed()  # start torch.distributed through DeepSpeed (threads per CPU rank, no shm op build)
 
-    if args.text is not None:
-        lines = [line for line in args.text.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if args.text is not None:  # WikiText's @-@ marks are undone by the one reader for them
+        lines = [sentence for doc in read_documents([args.text]) for sentence in doc]
     else:
         lines = generated_lines()
-    wordpiece = BertWordPieceTokenizer(lowercase=True)
-    wordpiece.train_from_iterator(lines, vocab_size=2000, show_progress=False)
-    Path(args.output).mkdir(parents=True, exist_ok=True)
-    vocab = wordpiece.save_model(args.output)[0]
-    tokenizer = BertTokenizerFast(vocab_file=vocab, do_lower_case=True)
-    model = BertForMaskedLM(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=args.hidden,
+    tokenizer = build_tokenizer(args, lines)
+    model = BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), hidden_size=args.hidden,
                                        num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 64),
                                        intermediate_size=4 * args.hidden, max_position_embeddings=args.seq_len))
     training_args = TrainingArguments(
@@ -91,7 +132,9 @@ def main() -> None:
     kfac = trainer.model_wrapped.kfac  # K-FAC: what a tuner reads
     if trainer.is_world_process_zero():
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-        print(f"K-FAC steps {kfac.steps}, skipped windows {kfac.skipped_windows}, last logged loss {losses[-1:]}")
+        print(f"K-FAC steps {kfac.steps}, skipped windows {kfac.skipped_windows}, model vocabulary "
+              f"{trainer.model.config.vocab_size}, first logged loss {losses[0]:.3f}, last logged loss "
+              f"{losses[-1]:.3f}" if losses else f"K-FAC steps {kfac.steps}, no loss logged")
 
 
 if __name__ == "__main__":
