@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+from typing import Any
 
 import torch
 from datasets import Dataset
 from transformers import (
     BertConfig,
     BertForMaskedLM,
-    BertTokenizerFast,
     DataCollatorForLanguageModeling,
     Trainer,
     TrainingArguments,
@@ -52,7 +52,7 @@ def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
             f"{rng.choice(things)} in {rng.randint(1800, 2000)} ." for _ in range(count)]
 
 
-def blocks(lines: list[str], tokenizer: BertTokenizerFast, length: int) -> Dataset:
+def blocks(lines: list[str], tokenizer: Any, length: int) -> Dataset:
     """The corpus as consecutive fixed-length token blocks, each wrapped in [CLS] ... [SEP]."""
     ids = [t for line in lines for t in tokenizer(line, add_special_tokens=False)["input_ids"]]
     body = length - 2
@@ -61,7 +61,7 @@ def blocks(lines: list[str], tokenizer: BertTokenizerFast, length: int) -> Datas
     return Dataset.from_dict({"input_ids": rows})
 
 
-def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> BertTokenizerFast:
+def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> Any:
     """The tokenizer of this run, saved as --output/vocab.txt; a --resume reuses the saved one (a vocabulary learned
     or given again could have other ids than the checkpoint's embeddings) and refuses a --vocab that differs."""
     out = Path(args.output)
@@ -129,11 +129,11 @@ def main() -> None:
     kaisa_ds.enable_kfac(trainer)  # K-FAC: the one added line
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     trainer.save_model()
-    kfac = trainer.model_wrapped.kfac  # K-FAC: what a tuner reads
+    kfac: Any = trainer.model_wrapped.kfac  # K-FAC: what a tuner reads
     if trainer.is_world_process_zero():
         losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         print(f"K-FAC steps {kfac.steps}, skipped windows {kfac.skipped_windows}, model vocabulary "
-              f"{trainer.model.config.vocab_size}, first logged loss {losses[0]:.3f}, last logged loss "
+              f"{model.config.vocab_size}, first logged loss {losses[0]:.3f}, last logged loss "
               f"{losses[-1]:.3f}" if losses else f"K-FAC steps {kfac.steps}, no loss logged")
 
 
