@@ -9,24 +9,34 @@ so BERT-Large plans in seconds. Choose ``grad_worker_fraction`` for a memory bud
         --factor-dtype fp16
     python -m kaisa_ds.plan --model large --ds-config ds_configs/bert_large_phase1_fp16_kfac.json --world 64 --json
     python -m kaisa_ds.plan --model mini --world 4 --calibration benchmarks/results/step_cost.json
+    python -m kaisa_ds.plan --model tiny --ds-config examples/ds_config_kfac.json --world 2 --micro-batch 8 --passes 2
+
+An HF config's "auto" batch keys are filled by the Trainer from its arguments: give them as --micro-batch and
+--passes. A flag the plan would not use (rates without a GEMM rate, --vocab with a model folder, a timing for the
+other decomposition method) is refused; a config the engine refuses is refused here too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.engine.ds_config import ENGINE_KEYS, load_config
+from kaisa_ds.engine.ds_config import ENGINE_KEYS, KFACSection, check_supported, load_config, parse_kfac_section
+from kaisa_ds.optim.select import is_lamb_config
+from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration
-from kaisa_ds.plan.shapes import bert_shapes
+from kaisa_ds.plan.shapes import bert_config, bert_shapes
 from kaisa_ds.plan.summary import MEMORY_PARTS, make_plan
 
 MB = 2**20
+DEFAULT_VOCAB = 30522  # BERT's WordPiece vocabulary, for a named size
+logger = logging.getLogger(__name__)
 
 
 def _size_seconds(text: str) -> tuple[int, float]:
@@ -49,12 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a BERT size (tiny, mini, base, large) or an HF folder with "
                    "config.json")
-    p.add_argument("--ds-config", type=Path, help="a DeepSpeed JSON: its kfac section and micro-batch (flags win)")
+    p.add_argument("--ds-config", type=Path, help="a DeepSpeed JSON: its kfac section and batch keys (flags win; "
+                   "HF \"auto\" batch keys need --micro-batch / --passes)")
     p.add_argument("--world", type=int, required=True, help="number of ranks (GPUs)")
-    p.add_argument("--micro-batch", type=int, help="sequences per rank per pass (default: the JSON's, else 32)")
+    p.add_argument("--micro-batch", type=int, help="sequences per rank per pass (default: from the JSON's batch keys "
+                   f"as DeepSpeed derives it, else {DEFAULT_MICRO})")
     p.add_argument("--seq", type=int, default=128, help="sequence length (default: %(default)s)")
     p.add_argument("--passes", type=int, help="accumulation passes per step (default: from the JSON, else 1)")
-    p.add_argument("--vocab", type=int, default=30522, help="vocabulary of a named size (default: %(default)s)")
+    p.add_argument("--vocab", type=int, help=f"vocabulary of a named size (default: {DEFAULT_VOCAB}; a folder's "
+                   "config.json sets its own)")
     k = p.add_argument_group("K-FAC options (override the JSON's kfac section; validated by KFACConfig)")
     k.add_argument("--grad-worker-fraction", type=_fraction, help="k/world, or comm-opt, hybrid-opt, mem-opt")
     k.add_argument("--factor-dtype", help="fp32, fp16 or bf16")
@@ -92,25 +105,71 @@ def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None) -> KFACConf
     return KFACConfig.from_dict(options, **{key: v for key, v in flags.items() if v is not None})
 
 
-def _batch(args: argparse.Namespace, ds: dict[str, Any] | None) -> tuple[int, int]:
-    ds = ds or {}
-    micro = args.micro_batch or int(ds.get("train_micro_batch_size_per_gpu", 32))
-    passes = args.passes or int(ds.get("gradient_accumulation_steps", 0) or 0)
-    if not passes and "train_batch_size" in ds:
-        passes = max(1, int(ds["train_batch_size"]) // (micro * args.world))
-    return micro, passes or 1
+def _kfac_section(ds: dict[str, Any], source: str) -> None:
+    """Validate the JSON's kfac section as the engine does, refuse what the engine refuses, and say when the config
+    would run without K-FAC (the plan is then of what K-FAC would cost, with the flags' and defaults' settings)."""
+    section = parse_kfac_section(ds)
+    if not section.enabled:
+        logger.warning("%s: %s, so K-FAC is off in the run it configures; planning K-FAC with the section's keys, "
+                       "the flags and the defaults", source,
+                       "kfac.enabled is false" if "kfac" in ds else "there is no kfac section")
+    on = KFACSection(enabled=True, auto_step=section.auto_step, config=section.config)
+    check_supported(ds, on, lamb=is_lamb_config(ds.get("optimizer")))
+
+
+def check_options(args: argparse.Namespace, cfg: Any) -> None:
+    """Refuse flags this plan would take and then not use (each names the flag and the fix)."""
+    if Path(args.model).is_dir() and args.vocab is not None and args.vocab != cfg.vocab_size:
+        raise ValueError(f"--vocab {args.vocab} with --model {args.model}: the folder's config.json sets vocab_size "
+                         f"{cfg.vocab_size}; --vocab is for a named size, leave it out")
+    if not 1 <= args.seq <= cfg.max_position_embeddings:
+        raise ValueError(f"--seq {args.seq} is outside 1..{cfg.max_position_embeddings} (the model's "
+                         f"max_position_embeddings); give a --seq in that range")
+    rates = {"--eigh-seconds": args.eigh_seconds, "--inverse-seconds": args.inverse_seconds,
+             "--step-seconds": args.step_seconds, "--network-gbps": args.network_gbps}
+    rated = [flag for flag, value in rates.items() if value not in (None, [])]
+    if rated and args.gemm_gflops is None and args.calibration is None:
+        raise ValueError(f"{', '.join(rated)} only count in the predicted overhead, which needs a GEMM rate: add "
+                         "--gemm-gflops or --calibration (or leave them out)")
+
+
+def check_method_rates(args: argparse.Namespace, config: KFACConfig) -> None:
+    """A decomposition timing for the method the run does not use would be ignored: refuse it."""
+    unused = "--inverse-seconds" if config.method.value == "eigen" else "--eigh-seconds"
+    if getattr(args, unused[2:].replace("-", "_")):
+        raise ValueError(f"{unused} with compute_method {config.method.value}: the run makes no such "
+                         f"decompositions; leave it out, or set --compute-method "
+                         f"{'inverse' if config.method.value == 'eigen' else 'eigen'}")
+
+
+def calibrated_step(cal: dict[str, Any] | None, *, model: str, micro: int, seq: int, passes: int) -> float | None:
+    """The calibration's measured baseline step when it was measured at this run's settings (benchmarks.step_cost
+    times one pass), else None, saying why: the overhead's baseline is then estimated from the model's FLOPs."""
+    if not cal or cal.get("baseline_step_s") is None:
+        return None
+    ours = {"model": model, "micro_batch": micro, "seq": seq}
+    if cal.get("settings", {}) == ours and passes == 1:
+        return float(cal["baseline_step_s"])
+    logger.warning("--calibration: its baseline step was measured at %s with 1 pass, this plan is %s with %d "
+                   "pass(es); the baseline is estimated from the model's FLOPs instead (give --step-seconds for a "
+                   "measured one)", cal.get("settings"), ours, passes)
+    return None
 
 
 def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ds = load_config(args.ds_config) if args.ds_config else None
+    if ds is not None:
+        _kfac_section(ds, str(args.ds_config))
     config = kfac_config(args, ds)
-    micro, passes = _batch(args, ds)
-    shapes, bert_cfg = bert_shapes(args.model, config, seq=args.seq, vocab=args.vocab)
+    check_method_rates(args, config)
+    batch = resolve_batch(ds, micro=args.micro_batch, passes=args.passes, world=args.world,
+                          source=str(args.ds_config))
+    micro, passes = batch.micro, batch.passes
+    check_options(args, bert_config(args.model, vocab=args.vocab or DEFAULT_VOCAB))
+    shapes, bert_cfg = bert_shapes(args.model, config, seq=args.seq, vocab=args.vocab or DEFAULT_VOCAB)
     cal = read_calibration(args.calibration) if args.calibration else None
-    step_seconds = args.step_seconds
-    if step_seconds is None and cal and cal.get("settings", {}) == {"model": args.model, "micro_batch": micro,
-                                                                     "seq": args.seq}:
-        step_seconds = cal.get("baseline_step_s")
+    step_seconds = args.step_seconds if args.step_seconds is not None else calibrated_step(
+        cal, model=str(args.model), micro=micro, seq=args.seq, passes=passes)
     rates = rates_from(cal, gemm_gflops=args.gemm_gflops, eigh_seconds=dict(args.eigh_seconds),
                        inverse_seconds=dict(args.inverse_seconds), step_seconds=step_seconds,
                        network_gbps=args.network_gbps)

@@ -63,3 +63,83 @@ def test_pass_fraction_cuts_the_predicted_statistics(capsys: pytest.CaptureFixtu
     assert runs["0.25"]["kfac"]["factor_pass_fraction"] == 0.25
     stats = {f: r["overhead"]["seconds_per_step_kind"]["decomposition"]["statistics"] for f, r in runs.items()}
     assert stats["0.25"] == pytest.approx(stats["1"] / 4)  # 1 of the 4 passes
+
+
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "ds_config_kfac.json"  # HF "auto" batch keys
+
+
+def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        main(argv)
+    return capsys.readouterr().err
+
+
+def test_hf_auto_batch_keys_take_the_flags_or_name_them(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", "tiny", "--world", "2", "--ds-config", str(EXAMPLE_CONFIG), "--json"]
+    err = _error(base, capsys)
+    assert "train_micro_batch_size_per_gpu" in err and "--micro-batch" in err and "auto" in err
+    err = _error([*base, "--micro-batch", "8"], capsys)
+    assert "gradient_accumulation_steps" in err and "--passes" in err
+    main([*base, "--micro-batch", "8", "--passes", "2"])
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["micro_batch"], plan["passes"], plan["inv_update_steps"]) == (8, 2, 5)  # 5: the JSON's kfac section
+
+
+def test_batch_sizes_that_deepspeed_would_refuse_are_refused(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2,
+                               "train_batch_size": 64, "kfac": {}}))
+    err = _error(["--model", "tiny", "--world", "2", "--ds-config", str(cfg)], capsys)  # 8 x 2 x 2 = 32, not 64
+    assert "train_batch_size" in err and "64" in err and "32" in err
+    cfg.write_text(json.dumps({"train_batch_size": 64, "kfac": {}}))
+    err = _error(["--model", "tiny", "--world", "4", "--ds-config", str(cfg), "--micro-batch", "24"], capsys)
+    assert "train_batch_size" in err and "--micro-batch" in err  # 64 is no multiple of 24 x 4
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": "8", "kfac": {}}))
+    err = _error(["--model", "tiny", "--world", "4", "--ds-config", str(cfg)], capsys)
+    assert "train_micro_batch_size_per_gpu" in err
+
+
+def test_options_the_plan_would_ignore_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 1000, "hidden_size": 32,
+                                                      "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                      "intermediate_size": 64, "max_position_embeddings": 128}))
+    err = _error(["--model", str(tmp_path), "--world", "2", "--vocab", "30522"], capsys)
+    assert "--vocab" in err and "1000" in err  # the folder's config.json decides the vocabulary
+    err = _error(["--model", str(tmp_path), "--world", "2", "--seq", "256"], capsys)
+    assert "--seq" in err and "max_position_embeddings" in err
+    err = _error(["--model", "tiny", "--world", "2", "--eigh-seconds", "128=0.001", "--network-gbps", "100"], capsys)
+    assert "--gemm-gflops" in err and "--eigh-seconds" in err and "--network-gbps" in err
+    err = _error(["--model", "tiny", "--world", "2", "--gemm-gflops", "100", "--eigh-seconds", "128=0.001",
+                  "--inverse-seconds", "128=0.001"], capsys)
+    assert "--inverse-seconds" in err and "compute_method" in err
+
+
+def test_ds_config_the_engine_refuses_or_runs_without_kfac(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3},
+                               "kfac": {"enabled": True}}))
+    assert "zero_optimization.stage" in _error(["--model", "tiny", "--world", "2", "--ds-config", str(cfg)], capsys)
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "kfac": {"enabled": True, "lr": 0.1}}))
+    assert "kfac.lr" in _error(["--model", "tiny", "--world", "2", "--ds-config", str(cfg)], capsys)
+    for section in ({"kfac": {"enabled": False}}, {}):
+        cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, **section}))
+        caplog.clear()
+        main(["--model", "tiny", "--world", "2", "--ds-config", str(cfg), "--json"])
+        assert "K-FAC is off" in caplog.text, section
+
+
+def test_a_calibrated_step_of_other_settings_is_not_the_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    cal = tmp_path / "step_cost.json"
+    cal.write_text(json.dumps({"calibration": {"gemm_gflops": 50, "eigh_seconds": {"128": 0.001},
+                                               "baseline_step_s": 0.5,
+                                               "settings": {"model": "tiny", "micro_batch": 8, "seq": 128}}}))
+    flags = ["--model", "tiny", "--world", "2", "--micro-batch", "8", "--calibration", str(cal), "--json"]
+    main(flags)
+    assert json.loads(capsys.readouterr().out)["overhead"]["baseline_step_seconds"] == 0.5  # its own settings
+    main([*flags, "--passes", "4"])  # step_cost times one pass: four are not that step
+    o = json.loads(capsys.readouterr().out)["overhead"]
+    assert o["baseline_step_seconds"] != 0.5 and o["baseline_source"].startswith("estimated")
+    assert "--step-seconds" in caplog.text
