@@ -68,11 +68,12 @@ def resolve_batch(ds: dict[str, Any] | None, *, micro: int | None, passes: int |
                              "--micro-batch / --passes / --world")
         return Batch(micro=m, passes=p)
     if m is not None or p is not None:
-        known, flag = (m, "--micro-batch") if m is not None else (p, "--passes")
+        key, known, flagged = (MICRO, m, micro) if m is not None else (PASSES, p, passes)
         assert known is not None
         if train % (known * world):
-            raise ValueError(f"{TRAIN} {train} in {source} is no multiple of {flag} {known} x world {world} "
-                             f"(DeepSpeed refuses this); change {TRAIN}, {flag} or --world")
+            named = FLAGS[key] if flagged else key
+            raise ValueError(f"{TRAIN} {train} in {source} is no multiple of {named} {known} x world {world} "
+                             f"(DeepSpeed refuses this); change {TRAIN}, {FLAGS[key]} or --world")
         other = train // (known * world)
         return Batch(micro=known, passes=other) if m is not None else Batch(micro=other, passes=known)
     if train % world:
