@@ -16,6 +16,12 @@ from bert_pretrain.data.documents import SPLITS
 from bert_pretrain.data.tokenizer import MAX_UNK_RATE
 from bert_pretrain.eval_sets import named_text
 
+# Defaults of flags that other flags make meaningless: the flags default to None, so a value given beside such a
+# flag is refused (bert_pretrain.preflight) instead of silently ignored, and these apply when none is given.
+MODEL_SIZE = "tiny"
+VOCAB_SIZE = 8000
+ARTICLES = 200
+
 
 def at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``low``, so a 0 or negative count fails at parse time naming its flag
@@ -95,12 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stop after this many steps of this invocation without a final save, as if killed "
                           "(to exercise --resume); the schedule still follows --max-steps")
     model = p.add_argument_group("model")
-    model.add_argument("--model-size", default="tiny",
-                       help="tiny (hidden 128, 2 layers), mini (256, 4), base, large, or a local model folder "
-                            "(default tiny)")
+    model.add_argument("--model-size",
+                       help=f"tiny (hidden 128, 2 layers), mini (256, 4), base, large, or a local model folder "
+                            f"(default {MODEL_SIZE}); with --init-checkpoint the model is that one, so a size given "
+                            "must be its size")
     model.add_argument("--init-checkpoint", type=Path,
                        help="start from these weights: phase 2 takes phase 1's <output>/final (its vocab.txt is "
-                            "used unless --vocab is given)")
+                            "used; a --vocab given must have the same content)")
     model.add_argument("--from-scratch", action="store_true",
                        help="allow phase 2 without --init-checkpoint, from random weights (refused otherwise: phase 2 "
                             "continues phase 1)")
@@ -112,25 +119,32 @@ def build_parser() -> argparse.ArgumentParser:
                            "HF datasets folders written by save_to_disk, or folders of such files; all read as a "
                            "stream. See --doc-split")
     data.add_argument("--text-column", default="text",
-                      help="the column holding the text in .jsonl, .parquet and datasets inputs (default text); "
-                           "each row is read like a small text file")
+                      help="the column holding the text in .jsonl, .parquet and datasets inputs, of --data and "
+                           "--eval-data (default text); each row is read like a small text file")
     data.add_argument("--data-split", metavar="SPLIT",
-                      help="the split of a DatasetDict folder to read (default: train, or its only split)")
+                      help="the split of a DatasetDict folder to read (default: train, or its only split), of "
+                           "--data and --eval-data")
     data.add_argument("--eval-data", type=named_text, nargs="+", metavar="NAME=FILE",
                       help="evaluate on these texts instead of the documents held out of --data: each is prepared "
-                           "with the training vocabulary and a fixed seed (the same examples for every run) and "
-                           "logged as heldout_<NAME>_mlm_loss etc.; e.g. tune=parts/tune.txt")
+                           "with the training vocabulary and a fixed seed (the same examples for every run), read "
+                           "with --encoding and checked against --max-unk-rate as --data is, and logged as "
+                           "heldout_<NAME>_mlm_loss etc.; e.g. tune=parts/tune.txt")
     data.add_argument("--doc-split", choices=SPLITS, default="blocks",
                       help="what a document is: a blank-line-separated block (default) or a whole file (a whole row "
                            "of a .jsonl/.parquet/datasets input)")
-    data.add_argument("--articles", type=at_least(1), default=200,
-                      help="articles of the built-in corpus, when --data is not given (default 200)")
+    data.add_argument("--articles", type=at_least(1),
+                      help=f"articles of the built-in corpus (default {ARTICLES}); refused with --data, which "
+                           "replaces it")
     data.add_argument("--vocab", type=Path,
                       help="BERT vocab.txt (e.g. ../shared/data/bert-vocab/vocab.txt); default: train a "
                            "WordPiece vocabulary on the corpus and keep it with the prepared data")
-    data.add_argument("--vocab-size", type=at_least(100), default=8000,
-                      help="size of a trained vocabulary (default 8000; the corpus may give fewer)")
-    data.add_argument("--cased", action="store_true", help="keep letter case (default: lower-case, as uncased BERT)")
+    data.add_argument("--vocab-size", type=at_least(100),
+                      help=f"size of a trained vocabulary (default {VOCAB_SIZE}; the corpus may give fewer, logged "
+                           "and recorded in summary.json); refused with --vocab or --init-checkpoint, whose "
+                           "vocabulary is used")
+    data.add_argument("--cased", action="store_true",
+                      help="keep letter case (default: lower-case, as uncased BERT); a given vocabulary must match: "
+                           "--cased with an uncased one, or a cased one without --cased, is refused")
     data.add_argument("--data-cache", type=Path,
                       help="folder of the prepared Arrow shards, reused while inputs and settings match "
                            "(default: <output>/../data, so both phases share one vocabulary)")
@@ -141,10 +155,11 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max-predictions", type=at_least(1),
                       help="masked tokens per sequence at most (default 20 in phase 1, 80 in phase 2)")
     data.add_argument("--encoding", default="utf-8",
-                      help="text encoding of the --data files (default utf-8; a file that does not decode is refused, "
-                           "naming it, instead of losing its accented letters)")
+                      help="text encoding of the --data and --eval-data files (default utf-8; a file that does not "
+                           "decode is refused, naming it, instead of losing its accented letters)")
     data.add_argument("--max-unk-rate", type=unit_fraction, default=MAX_UNK_RATE,
-                      help=f"refuse a corpus whose tokens are more than this share [UNK] (default {MAX_UNK_RATE:g}: "
-                           "the vocabulary does not fit the text)")
+                      help=f"refuse a corpus or --eval-data set whose tokens are more than this share [UNK] (default "
+                           f"{MAX_UNK_RATE:g}: the vocabulary does not fit the text); checked on reused prepared "
+                           "data too. The share is recorded in summary.json")
     p.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher; not needed by hand")
     return p

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.data.documents import DataError
+from bert_pretrain.data.tokenizer import MAX_UNK_RATE
 
 logger = logging.getLogger(__name__)
 EVAL_SEED = 12345  # masks and pairings of evaluation examples: the same for every run
@@ -38,9 +39,11 @@ def folder(cache: Path, name: str) -> Path:
 
 def prepare(texts: list[tuple[str, Path]], cache: Path, *, phase: int, lower_case: bool, doc_split: str,
             max_seq_length: int | None, max_predictions: int | None, text_column: str = "text",
-            data_split: str | None = None) -> dict[str, Path]:
-    """Prepare each named text (any ``--data`` format, read with the same ``--text-column``/``--data-split``)
-    with the training vocabulary ``cache/vocab.txt``; returns its phase folders."""
+            data_split: str | None = None, encoding: str = "utf-8", max_unk_rate: float = MAX_UNK_RATE,
+            ) -> dict[str, Path]:
+    """Prepare each named text (any ``--data`` format, read with the same ``--text-column``/``--data-split``/
+    ``--encoding`` and held to the same ``--max-unk-rate``) with the training vocabulary ``cache/vocab.txt``;
+    returns its phase folders. A refusal names the set."""
     from bert_pretrain.data.prepare import prepare_phase
 
     names = [n for n, _ in texts]
@@ -50,10 +53,14 @@ def prepare(texts: list[tuple[str, Path]], cache: Path, *, phase: int, lower_cas
     for name, path in texts:
         if not path.exists():
             raise DataError(f"--eval-data: {path} (set {name!r}) does not exist; check the path")
-        out[name] = prepare_phase([path], folder(cache, name), phase=phase, vocab=cache / "vocab.txt",
-                                  lower_case=lower_case, dupe_factor=EVAL_DUPE_FACTOR, seed=EVAL_SEED,
-                                  max_seq_length=max_seq_length, max_predictions=max_predictions,
-                                  doc_split=doc_split, text_column=text_column, data_split=data_split)
+        try:
+            out[name] = prepare_phase([path], folder(cache, name), phase=phase, vocab=cache / "vocab.txt",
+                                      lower_case=lower_case, dupe_factor=EVAL_DUPE_FACTOR, seed=EVAL_SEED,
+                                      max_seq_length=max_seq_length, max_predictions=max_predictions,
+                                      doc_split=doc_split, text_column=text_column, data_split=data_split,
+                                      encoding=encoding, max_unk_rate=max_unk_rate)
+        except DataError as exc:  # its messages say --data: the set is named here
+            raise DataError(f"--eval-data {name}={path}: {exc}") from exc
     return out
 
 
@@ -80,7 +87,8 @@ def prepare_on_rank0(args: Any, cache: Path, rank: int) -> dict[str, Any]:
             outcome[0] = {k: str(v) for k, v in prepare(
                 args.eval_data, cache, phase=args.phase, lower_case=not args.cased, doc_split=args.doc_split,
                 max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
-                text_column=args.text_column, data_split=args.data_split).items()}
+                text_column=args.text_column, data_split=args.data_split, encoding=args.encoding,
+                max_unk_rate=args.max_unk_rate).items()}
         except DataError as exc:
             outcome[0] = exc
     tdist.broadcast_object_list(outcome, src=0)

@@ -20,11 +20,11 @@ from tqdm import tqdm
 
 from bert_pretrain import checkpoints, eval_sets, faults
 from bert_pretrain.checkpoints import CheckpointError
-from bert_pretrain.cli import build_parser
+from bert_pretrain.cli import ARTICLES, MODEL_SIZE, VOCAB_SIZE, build_parser
 from bert_pretrain.curves import resumed_elapsed
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.loader import MicroBatches, check_enough_examples, load_split, to_device
-from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase
+from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase, read_coverage, unk_share
 from bert_pretrain.data.tokenizer import load_tokenizer, vocab_digest
 from bert_pretrain.evaluation import evaluate, most_frequent_target
 from bert_pretrain.files import write_atomic
@@ -32,7 +32,7 @@ from bert_pretrain.intervals import interval_warnings
 from bert_pretrain.metrics import MetricsError, MetricsLog, plot_losses
 from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
 from bert_pretrain.pins import check_pins, data_pins
-from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary
+from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary, given_vocab
 from kaisa_ds.engine.launch import init_distributed
 
 logger = logging.getLogger("bert_pretrain")
@@ -75,10 +75,9 @@ def plan_start(args: Namespace, out: Path, *, world: int, max_steps: int) -> dic
 def prepare_data(args: Namespace, cache: Path, chosen: checkpoints.Intact | None) -> tuple[Path, dict[str, Any]]:
     """Prepare (or reuse) the phase's data; a resume uses the vocabulary pinned in its checkpoint and refuses
     data that differs from what the checkpoint was trained on. Returns the folder and its pins."""
-    texts = args.data or [write_builtin_corpus(cache, seed=args.seed, articles=args.articles)]
-    vocab = args.vocab
-    if vocab is None and args.init_checkpoint is not None and (args.init_checkpoint / "vocab.txt").is_file():
-        vocab = args.init_checkpoint / "vocab.txt"
+    texts = args.data or [write_builtin_corpus(cache, seed=args.seed, articles=args.articles or ARTICLES)]
+    given = given_vocab(args)
+    vocab = given[0] if given is not None else None
     if chosen is not None:
         check_pins(chosen.pins, {**chosen.pins, "inputs": input_fingerprint(
             list(texts), text_column=args.text_column, data_split=args.data_split)}, checkpoint=chosen.folder)
@@ -90,7 +89,7 @@ def prepare_data(args: Namespace, cache: Path, chosen: checkpoints.Intact | None
     folder = prepare_phase(
         list(texts), cache, phase=args.phase, vocab=vocab, lower_case=not args.cased, dupe_factor=args.dupe_factor,
         seed=args.seed, max_seq_length=args.max_seq_length, max_predictions=args.max_predictions,
-        doc_split=args.doc_split, vocab_size=args.vocab_size, encoding=args.encoding,
+        doc_split=args.doc_split, vocab_size=args.vocab_size or VOCAB_SIZE, encoding=args.encoding,
         max_unk_rate=args.max_unk_rate, text_column=args.text_column, data_split=args.data_split)
     current = data_pins(folder)
     if chosen is not None:
@@ -180,9 +179,9 @@ def run(args: Namespace) -> dict[str, Any]:
     tok = load_tokenizer(cache / "vocab.txt", lower_case=not args.cased)
     seq = args.max_seq_length or PHASES[args.phase][0]
     torch.manual_seed(args.seed)
-    flag = f"--init-checkpoint {args.init_checkpoint}" if args.init_checkpoint else f"--model-size {args.model_size}"
-    bert = build_model(args.init_checkpoint or args.model_size, vocab_size=len(tok), max_positions=max(512, seq),
-                       flag=flag)
+    size = args.model_size or MODEL_SIZE
+    flag = f"--init-checkpoint {args.init_checkpoint}" if args.init_checkpoint else f"--model-size {size}"
+    bert = build_model(args.init_checkpoint or size, vocab_size=len(tok), max_positions=max(512, seq), flag=flag)
     check_positions(bert, seq, source=flag)
     torch.manual_seed(args.seed + 1000 * rank)  # the same weights everywhere, different dropout masks per rank
     module = PretrainingLoss(bert)
@@ -228,13 +227,29 @@ def run(args: Namespace) -> dict[str, Any]:
     summary = {"phase": args.phase, "steps": max_steps, "resumed_from": start,
                "wall_seconds": round(time.perf_counter() - t_start, 2), "world_size": world,
                "global_batch": global_batch, "kfac": engine.kfac is not None, "final_train_loss": last.get("loss"),
-               **{k: v for k, v in last.items() if k.startswith("heldout_")}, "rank": rank}
+               **{k: v for k, v in last.items() if k.startswith("heldout_")}, **data_record(folder, cache, args),
+               "rank": rank}
     if rank == 0:  # summary.json last: its presence means the run finished and wrote everything
         save_final(module, tok, cache / "vocab.txt", out / "final")
         plot_losses(metrics.rows(), out / "loss.png", f"phase {args.phase}" + (" + K-FAC" if engine.kfac else ""))
         write_atomic(out / "summary.json",
                      json.dumps({k: v for k, v in summary.items() if k != "rank"}, indent=1).encode())
     return summary
+
+
+def data_record(folder: Path, cache: Path, args: Namespace) -> dict[str, Any]:
+    """What the run trained and was evaluated on, read from the prepared data: the vocabulary's size, the
+    [UNK] share of the training text and of each --eval-data set, and the training text's tokens."""
+    record: dict[str, Any] = {}
+    coverage = read_coverage(folder)
+    if coverage is not None:
+        record.update(vocab_size=coverage["vocab_size"], data_tokens=coverage["tokens"],
+                      unk_share=round(unk_share(coverage), 6))
+    for name, _ in getattr(args, "eval_data", None) or []:
+        extra = read_coverage(eval_sets.folder(cache, name) / folder.name)
+        if extra is not None:
+            record[f"eval_{name}_unk_share"] = round(unk_share(extra), 6)
+    return record
 
 
 def train_step(engine: Any, module: PretrainingLoss, batches: Any, *, step: int, world: int, gas: int,

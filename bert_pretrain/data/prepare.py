@@ -47,6 +47,7 @@ from bert_pretrain.data.tokenizer import (
     load_tokenizer,
     train_vocab,
     vocab_digest,
+    vocab_tokens,
 )
 from bert_pretrain.files import write_atomic
 
@@ -55,6 +56,7 @@ PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq
 ROWS_PER_PROCESS = 1_000  # (document, copy) rows below which a worker process costs more than it saves
 BATCH_TOKENS = 1 << 17  # tokens of documents per datasets.map() call of example creation (see map_batch_documents)
 CALL_ROWS_MAX = 1 << 20  # map()'s writer_batch_size: far above a call's examples, so each call is one record batch
+COVERAGE = "coverage.json"  # in a phase folder: the token and [UNK] counts of its text, for checks and reports
 
 
 
@@ -106,6 +108,10 @@ def prepare_vocab(docs: Iterable[list[str]], out_dir: Path, *, inputs: list[list
             return path
         logger.info("training a WordPiece vocabulary of up to %d tokens on the corpus", vocab_size)
         train_vocab(docs, out_dir, vocab_size=vocab_size, lower_case=lower_case)
+        got = len(vocab_tokens(path))
+        if got < vocab_size:
+            logger.warning("the corpus gave a vocabulary of %d tokens, fewer than the %d asked for (--vocab-size): "
+                           "it has too few distinct words and pieces for more", got, vocab_size)
         record = {**_trained_vocab_wanted(inputs, lower_case=lower_case, vocab_size=vocab_size),
                   "digest": vocab_digest(path)}
     write_atomic(record_path, json.dumps(record, indent=1).encode())
@@ -115,12 +121,30 @@ def prepare_vocab(docs: Iterable[list[str]], out_dir: Path, *, inputs: list[list
 def check_vocab_coverage(counts: TokenCounts, tok: Any, *, texts: list[Path], vocab: Path | None,
                          max_unk_rate: float) -> None:
     """Refuse a vocabulary far too small for anything, or one that leaves the corpus mostly [UNK]."""
-    source = f"--vocab {vocab}" if vocab is not None else "the vocabulary trained on --data"
-    check_vocab_size(tok, source=source)
+    check_vocab_size(tok, source=_vocab_source(vocab))
+    _check_unknown(counts, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
+
+
+def _vocab_source(vocab: Path | None) -> str:
+    return f"--vocab {vocab}" if vocab is not None else "the vocabulary trained on --data"
+
+
+def _check_unknown(counts: TokenCounts, *, texts: list[Path], vocab: Path | None, max_unk_rate: float) -> None:
     if not counts.tokens:
         return  # an empty corpus is refused where documents are counted
     check_coverage(unknown=counts.unknown, total=counts.tokens, data="--data " + " ".join(str(p) for p in texts),
-                   source=source, max_unk_rate=max_unk_rate)
+                   source=_vocab_source(vocab), max_unk_rate=max_unk_rate)
+
+
+def read_coverage(phase_folder: Path) -> dict[str, int] | None:
+    """What tokenising the prepared data counted (``COVERAGE``): documents, tokens, [UNK] tokens and the
+    vocabulary's size; None for data prepared before it was recorded."""
+    record = _read_json(phase_folder / COVERAGE)
+    return {k: int(v) for k, v in record.items()} if isinstance(record, dict) else None
+
+
+def unk_share(coverage: dict[str, int]) -> float:
+    return coverage["unknown"] / max(1, coverage["tokens"])
 
 
 def split_documents(n: int, *, heldout_fraction: float, seed: int) -> tuple[Sequence[int], Sequence[int]]:
@@ -192,9 +216,12 @@ def prepare_phase(texts: list[Path], out_dir: Path, *, phase: int, vocab: Path |
                 "settings": asdict(settings),
                 "heldout_fraction": heldout_fraction, "vocab_digest": expected_vocab_digest(
                     out_dir, vocab=vocab, inputs=inputs, lower_case=lower_case, vocab_size=vocab_size)}
-    old, cached = _read_json(folder / "manifest.json"), out_dir / "vocab.txt"
+    old, cached, coverage = _read_json(folder / "manifest.json"), out_dir / "vocab.txt", read_coverage(folder)
     if manifest["vocab_digest"] is not None and old == manifest and cached.is_file() \
-            and vocab_digest(cached) == manifest["vocab_digest"]:
+            and vocab_digest(cached) == manifest["vocab_digest"] and coverage is not None:
+        # max_unk_rate is no setting of the data: a stricter limit applies to reused data too
+        _check_unknown(TokenCounts(documents=coverage["documents"], tokens=coverage["tokens"],
+                                   unknown=coverage["unknown"]), texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
         logger.info("reusing the prepared phase-%d data in %s", phase, folder)
         return folder
     vocab_path = prepare_vocab(iter_documents(sources, split=doc_split, encoding=encoding), out_dir, inputs=inputs,
@@ -223,6 +250,8 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
     check_vocab_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
     specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
                         vocab_size=len(tok))
+    logger.info("phase %d data: %d tokens in %d documents, %.2f%% of them [UNK] with a vocabulary of %d tokens", phase,
+                counts.tokens, counts.documents, 100 * counts.unknown / max(1, counts.tokens), len(tok))
     manifest["vocab_digest"] = vocab_digest(vocab_path)
     digest = hashlib.sha256(json.dumps(manifest).encode()).hexdigest()[:16]
     if folder.exists():
@@ -237,6 +266,8 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
         _check_readable(folder / part)
         logger.info("phase %d %s: %d examples of %d tokens from %d documents", phase, part, len(examples),
                     settings.max_seq_length, len(indices))
+    write_atomic(folder / COVERAGE, json.dumps({"documents": counts.documents, "tokens": counts.tokens,
+                                                "unknown": counts.unknown, "vocab_size": len(tok)}).encode())
 
 
 def _part_examples(documents: Any, indices: Sequence[int], pool: Sequence[int], *, work: Path, name: str,

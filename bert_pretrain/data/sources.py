@@ -73,6 +73,11 @@ def is_dataset_folder(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in DATASET_MARKERS)
 
 
+def is_dataset_dict(path: Path) -> bool:
+    """A folder written by ``DatasetDict.save_to_disk``: the only input ``--data-split`` chooses in."""
+    return path.is_dir() and (path / DATASET_MARKERS[0]).is_file()
+
+
 def _dataset_source(path: Path, *, column: str, split: str | None) -> Source:
     """A ``save_to_disk`` folder; a DatasetDict reads ``split`` (default ``train``, or its only split)."""
     dataset = open_dataset(Source(path, Kind.DATASET, column, split))
@@ -86,6 +91,8 @@ def _dataset_source(path: Path, *, column: str, split: str | None) -> Source:
         logger.info("--data %s: reading split %r of %s (--data-split chooses another)", path, chosen,
                     ", ".join(splits))
         split, dataset = chosen, dataset[chosen]
+    else:
+        split = None  # a plain Dataset has no splits: --data-split is for the DatasetDicts beside it
     names = list(dataset.column_names)
     if column not in names:
         raise DataError(f"--data: {path}{f' (split {split})' if split else ''} has no column {column!r}; its "

@@ -15,7 +15,14 @@ from bert_pretrain.data.loader import load_split
 from bert_pretrain.data.prepare import BATCH_TOKENS, map_batch_documents, prepare_phase, split_documents
 from bert_pretrain.data.token_store import TokenCounts
 from bert_pretrain.data.tokenizer import load_tokenizer
-from tests.support.bert_data import BERT_VOCAB, SHARED_ABSENT, WIKITEXT_VALID, corpus_file, real_data_present
+from tests.support.bert_data import (
+    BERT_VOCAB,
+    SHARED_ABSENT,
+    WIKITEXT_VALID,
+    corpus_file,
+    real_data_present,
+    wikitext_excerpt,
+)
 
 
 @pytest.fixture(scope="module")
@@ -158,7 +165,7 @@ def test_caps_and_lengths_are_configurable(tmp_path: Path) -> None:
 
 def test_held_out_documents_are_not_trained_on() -> None:
     train, held = split_documents(200, heldout_fraction=0.1, seed=3)
-    assert len(held) == 20 and not set(train) & set(held) and sorted(train + held) == list(range(200))
+    assert len(held) == 20 and not set(train) & set(held) and sorted([*train, *held]) == list(range(200))
     assert split_documents(200, heldout_fraction=0.1, seed=3) == (train, held)
     assert split_documents(3, heldout_fraction=0.1, seed=0)[1] != []
 
@@ -242,3 +249,14 @@ def test_wikitext_with_the_real_vocab(tmp_path: Path) -> None:
     assert float(ex["attention_mask"].float().sum(1).mean()) > 64  # sections, not one-line documents
     unk = float((ex["input_ids"] == tok.unk_token_id).float().sum() / ex["attention_mask"].float().sum())
     assert unk < 0.01  # @-@ marks undone, lower-cased: the real vocabulary covers the text
+
+
+@pytest.mark.skipif(not real_data_present(), reason=SHARED_ABSENT)
+def test_unk_limit_is_applied_to_reused_data_too(tmp_path: Path) -> None:
+    """Prepared data is reused while inputs and settings match, and --max-unk-rate is not a setting of the data:
+    a stricter limit on the second run was silently skipped with the reused shards."""
+    text = wikitext_excerpt(tmp_path / "odd.txt", foreign_every=8)  # about 10% [UNK] with the BERT vocabulary
+    prepare_phase([text], tmp_path / "data", phase=1, vocab=BERT_VOCAB, dupe_factor=1, max_seq_length=64)
+    with pytest.raises(DataError, match=r"--data .*odd.txt: 1\d% of its \d+ tokens are \[UNK\].*--max-unk-rate 0.05"):
+        prepare_phase([text], tmp_path / "data", phase=1, vocab=BERT_VOCAB, dupe_factor=1, max_seq_length=64,
+                      max_unk_rate=0.05)

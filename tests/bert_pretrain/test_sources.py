@@ -87,6 +87,10 @@ def test_a_datasetdict_reads_train_or_the_chosen_split(text: Path, tmp_path: Pat
     two = _dataset(tmp_path / "two", {"text": blocks}, splits=("a", "b"))
     with pytest.raises(DataError, match="none is train: choose one with --data-split"):
         resolve([two])
+    # --data-split chooses in the DatasetDicts; a plain Dataset beside them is read whole (it was indexed by the
+    # split's name as if it were a column: ValueError "Column 'test' doesn't exist")
+    plain = _dataset(tmp_path / "plain", {"text": blocks})
+    assert len(read_documents([plain, folder], data_split="test")) == 2 * len(blocks) - 1
 
 
 def test_a_missing_column_names_the_file_and_its_columns(tmp_path: Path) -> None:

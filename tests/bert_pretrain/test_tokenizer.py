@@ -51,6 +51,8 @@ def test_cased_vocab_is_recognised(tmp_path: Path) -> None:
     vocab.write_text("\n".join(SPECIAL + words) + "\n", encoding="utf-8")
     assert is_cased(vocab.read_text(encoding="utf-8").splitlines())
     load_tokenizer(vocab, lower_case=False, check_case=True)  # cased text with a cased vocabulary: accepted
+    with pytest.raises(DataError, match=r"--vocab .* is a cased vocabulary .*pass --cased"):
+        load_tokenizer(vocab, lower_case=True, check_case=True)  # lower-cased text loses what it was made for
 
 
 def test_tiny_vocab_and_unknown_text_are_refused_by_name(tmp_path: Path) -> None:

@@ -19,3 +19,25 @@ def corpus_file(folder: Path, *, articles: int = 120, seed: int = 0, name: str =
 
 def real_data_present() -> bool:
     return WIKITEXT_VALID.is_file() and BERT_VOCAB.is_file()
+
+
+FOREIGN_WORD = "ሰላም"  # Ethiopic: not in the BERT vocabulary, a whole [UNK]
+
+
+def wikitext_excerpt(path: Path, *, lines: int = 300, foreign_every: int = 0, encoding: str = "utf-8",
+                     accented: bool = False) -> Path:
+    """The first ``lines`` lines of WikiText-2 valid (several '= Heading =' sections, so several documents) written
+    to ``path`` in ``encoding``: every ``foreign_every``-th word replaced by a word the BERT vocabulary lacks (an
+    [UNK] share of about 1/``foreign_every``), and with ``accented`` a few accented words (not ASCII, so a latin-1
+    file of it is not valid UTF-8)."""
+    out = []
+    for line in WIKITEXT_VALID.read_text(encoding="utf-8").splitlines()[:lines]:
+        words = line.split(" ")
+        if foreign_every and not line.lstrip().startswith("="):
+            words = [FOREIGN_WORD if i % foreign_every == foreign_every - 1 and w.strip() else w
+                     for i, w in enumerate(words)]
+        if accented and len(words) > 10:
+            words.insert(5, "café à Zürich")
+        out.append(" ".join(words))
+    path.write_text("\n".join(out) + "\n", encoding=encoding, errors="replace")  # latin-1 lacks some of its marks
+    return path
