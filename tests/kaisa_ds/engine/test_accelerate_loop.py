@@ -1,14 +1,16 @@
 """kaisa_ds.attach_to_accelerator in a hand-written accelerate loop with a DeepSpeed plugin, 2 CPU ranks under
-torchrun: losses and K-FAC factors equal those of kaisa_ds.initialize on the same micro-batches."""
+torchrun: losses and K-FAC factors equal those of kaisa_ds.initialize on the same micro-batches, and the loop learns
+real text with a real tokenizer."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.kaisa_ds.engine import hf_worker
+from tests.kaisa_ds.engine import accelerate_text_worker, hf_worker
 from tests.support.launch import run_torchrun
 
 
@@ -32,3 +34,23 @@ def test_attach_without_a_deepspeed_engine_says_how_to_get_one() -> None:
 
     with pytest.raises(ValueError, match="DeepSpeedPlugin"):
         attach_to_accelerator(NoDeepSpeed())
+
+
+DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
+WIKITEXT, BERT_VOCAB = DATA / "wikitext-2" / "valid.txt", DATA / "bert-vocab" / "vocab.txt"
+
+
+@pytest.mark.skipif(not (WIKITEXT.is_file() and BERT_VOCAB.is_file()), reason=f"needs {WIKITEXT} and {BERT_VOCAB}")
+def test_accelerate_loop_learns_real_text_with_kfac(tmp_path: Path) -> None:
+    """The README's loop (prepare, attach_to_accelerator, accumulate) on WikiText-2 valid with the bert-base-uncased
+    vocabulary, 2 CPU ranks under torchrun, 40 optimizer steps of 2 x 8 x 64 tokens per rank (~30 s). Measured: the
+    ranks' mean loss per step 10.34 -> 8.8 (first three steps 10.31, last three 8.81); asserted: falls >= 1 nat."""
+    out = tmp_path / "run.json"
+    run_torchrun([str(Path(accelerate_text_worker.__file__)), str(WIKITEXT), str(BERT_VOCAB), str(out)])
+    run = json.loads(out.read_text())
+    assert run["world"] == 2  # accelerate sharded the loader over both ranks
+    assert run["model_vocab"] == run["tokenizer_vocab"] == len(BERT_VOCAB.read_text(encoding="utf-8").splitlines())
+    assert run["unk_share"] < 0.05 and run["tokens"] > 100_000
+    losses = run["losses"]
+    assert run["kfac_steps"] == len(losses) == 40
+    assert sum(losses[:3]) / 3 - sum(losses[-3:]) / 3 >= 1.0, losses
