@@ -40,6 +40,24 @@ def attach_to_accelerator(accelerator: Any, *, report_every: int = 0) -> KFACPre
                          "(Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config='ds_config.json')) or "
                          "`accelerate launch --use_deepspeed`) and call attach_to_accelerator after "
                          "accelerator.prepare(model, optimizer, ...)")
+    check_process_count(accelerator)
     if report_every:
         setattr(engine, REPORT_EVERY, int(report_every))
     return enable_on_engine(engine)
+
+
+def check_process_count(accelerator: Any) -> None:
+    """Refuse an Accelerator that counts other processes than torch.distributed: on CPU ranks under torchrun,
+    accelerate sees a world of 1 unless ``PartialState(cpu=True)`` came first, so each rank would train the whole,
+    unsharded loader while DeepSpeed (and K-FAC) reduce over every rank."""
+    import torch.distributed as dist
+
+    counted = getattr(accelerator, "num_processes", None)
+    if counted is None or not dist.is_initialized():
+        return
+    world = dist.get_world_size()
+    if int(counted) != world:
+        raise ValueError(f"kaisa_ds.attach_to_accelerator: the Accelerator counts {counted} process(es) but "
+                         f"torch.distributed has {world} ranks, so every rank would train on the whole, unsharded "
+                         "loader; on CPU ranks create `accelerate.PartialState(cpu=True)` before the Accelerator "
+                         "(cpu=True on the Accelerator itself drops DeepSpeed), or launch with `accelerate launch`")

@@ -320,7 +320,7 @@ def peft_lora(work: str) -> dict | None:
 def accelerate_reports(work: str) -> dict:
     """A hand-written accelerate loop (after the Trainers: a fresh AcceleratorState, as hyperparameter_search
     makes) with report_every=1 and a CSV monitor; returns the monitor's folder and the steps taken."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DeepSpeedPlugin
 
@@ -328,6 +328,7 @@ def accelerate_reports(work: str) -> dict:
 
     AcceleratorState()._reset_state()
     GradientState._reset_state()  # the Trainers' accumulation settings live in this singleton too
+    PartialState(cpu=True)  # CPU ranks: else accelerate counts a world of 1 (attach_to_accelerator refuses that)
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": 0}, "kfac": KFAC,
            "csv_monitor": {"enabled": True, "output_path": work + "-accelerate-csv", "job_name": "kfac"}}

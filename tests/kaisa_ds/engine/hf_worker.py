@@ -157,13 +157,18 @@ def reference(batches: list[dict], steps: int) -> dict:
 
 def accelerate_loop(batches: list[dict], steps: int) -> dict:
     """A hand-written accelerate loop with a DeepSpeed plugin, on the given micro-batches."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
     from accelerate.utils import DeepSpeedPlugin
     from transformers import get_linear_schedule_with_warmup
 
+    PartialState(cpu=True)  # CPU ranks: else accelerate counts a world of 1 (attach_to_accelerator refuses that)
+
     cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS, "gradient_clipping": 1.0,
            "zero_optimization": {"stage": 0}, "kfac": KFAC}
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=cfg), gradient_accumulation_steps=GAS)
+    # step_scheduler_with_optimizer=False: by default accelerate steps a prepared scheduler once per process on
+    # each optimizer step (its convention for schedules sized for one process); the reference steps it once
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=cfg), gradient_accumulation_steps=GAS,
+                              step_scheduler_with_optimizer=False)
     model = tiny_bert_mlm()
     optimizer = adamw(model)
     schedule = get_linear_schedule_with_warmup(optimizer, 0, steps)
@@ -175,7 +180,8 @@ def accelerate_loop(batches: list[dict], steps: int) -> dict:
             loss = model(**batch).loss
             accelerator.backward(loss)
             optimizer.step()
-            schedule.step()
+            if accelerator.sync_gradients:
+                schedule.step()
             optimizer.zero_grad()
         losses.append(float(loss) / GAS)
     return {"losses": window_losses(losses, GAS), "factors": factors(kfac), "kfac_steps": kfac.steps}

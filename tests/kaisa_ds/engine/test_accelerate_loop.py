@@ -54,3 +54,24 @@ def test_accelerate_loop_learns_real_text_with_kfac(tmp_path: Path) -> None:
     losses = run["losses"]
     assert run["kfac_steps"] == len(losses) == 40
     assert sum(losses[:3]) / 3 - sum(losses[-3:]) / 3 >= 1.0, losses
+
+
+def test_attach_refuses_an_accelerator_that_counts_other_processes_than_torch_distributed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun on CPU ranks without PartialState(cpu=True), accelerate counts a world of 1 while DeepSpeed
+    reduces over 2: every rank trains the whole loader and nothing says so. K-FAC must not attach to that."""
+    import torch.distributed as dist
+
+    from kaisa_ds import attach_to_accelerator
+
+    class Wrapped:
+        engine = object()
+
+    class OneProcess:
+        deepspeed_engine_wrapped = Wrapped()
+        num_processes = 1
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    with pytest.raises(ValueError, match=r"PartialState\(cpu=True\)"):
+        attach_to_accelerator(OneProcess())
