@@ -9,6 +9,9 @@ two sections that this job reads and removes before DeepSpeed sees the rest:
 - ``squad_finetune``: epochs, warmup_proportion, window geometry and span-search limits.
 
 Precedence: command-line flag > config file > the defaults below (BERT's SQuAD v1.1 recipe).
+
+Without ``--config`` the file follows the model (:func:`default_config`): BERT's recipe for a model as wide as
+BERT-base or wider, the tiny CPU recipe (lr 2e-3, 128-token windows) for the narrow models it was tuned on.
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from squad_finetune.features import FeatureSettings
-from squad_finetune.postprocess import SpanSearch
+if TYPE_CHECKING:  # imported where used: they pull in datasets and torch, and --help reads the recipe files
+    from squad_finetune.features import FeatureSettings
+    from squad_finetune.postprocess import SpanSearch
 
 JOB_SECTION = "squad_finetune"
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "ds_configs"
+RECIPE_CONFIG = CONFIG_DIR / "squad_bert_base.json"  # BERT's SQuAD v1.1 recipe, fp32 (runs on any device)
+TINY_CONFIG = CONFIG_DIR / "squad_tiny_cpu.json"  # tuned for bert_pretrain's tiny/mini models on CPU
+RECIPE_MIN_HIDDEN = 768  # BERT-base's hidden size: from this width on, a model gets BERT's recipe
 OPTIMIZER_KEYS = ("lr", "betas", "eps", "weight_decay")
 
 
@@ -76,11 +84,15 @@ class Recipe:
 
     @property
     def features(self) -> FeatureSettings:
+        from squad_finetune.features import FeatureSettings
+
         return FeatureSettings(max_seq_length=self.max_seq_length, doc_stride=self.doc_stride,
                                max_query_length=self.max_query_length)
 
     @property
     def search(self) -> SpanSearch:
+        from squad_finetune.postprocess import SpanSearch
+
         return SpanSearch(n_best=self.n_best, max_answer_length=self.max_answer_length)
 
 
@@ -117,6 +129,20 @@ def split_config(
     config: Mapping[str, Any], *, overrides: Mapping[str, Any], source: str = "config"
 ) -> tuple[Recipe, dict[str, Any]]:
     """(recipe, the DeepSpeed config without the job's sections). ``overrides`` (not None values) win."""
+    values, ds_config = _recipe_values(config, overrides=overrides, source=source)
+    try:
+        recipe = Recipe(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except TypeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return recipe, ds_config
+
+
+def _recipe_values(
+    config: Mapping[str, Any], *, overrides: Mapping[str, Any], source: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the recipe values the config and overrides set, the rest of the config); the sections' keys checked."""
     ds_config = dict(config)
     values: dict[str, Any] = {}
     optimizer = ds_config.pop("optimizer", None)
@@ -140,13 +166,21 @@ def split_config(
         raise ConfigError(f"{source}: {JOB_SECTION} has unknown key(s) {unknown}; allowed: {list(SECTION_KEYS)}")
     values.update(section)
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if ds_config.get("scheduler") is not None:
-        raise ConfigError(f"{source}: remove the 'scheduler' section; the job applies linear warmup "
-                          f"({JOB_SECTION}.warmup_proportion) then linear decay to 0 over the run itself")
-    try:
-        recipe = Recipe(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    except TypeError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    return recipe, ds_config
+    for key in ("scheduler", "lr_schedule"):  # kaisa_ds reads lr_schedule only when no scheduler is passed
+        if ds_config.get(key) is not None:
+            raise ConfigError(f"{source}: remove the {key!r} section; the job applies linear warmup "
+                              f"({JOB_SECTION}.warmup_proportion / --warmup-proportion) then linear decay to 0 "
+                              "over the run itself")
+    return values, ds_config
+
+
+def default_config(hidden_size: int) -> Path:
+    """The config a model gets without ``--config``: BERT's recipe from BERT-base's width on, else the tiny one."""
+    return RECIPE_CONFIG if hidden_size >= RECIPE_MIN_HIDDEN else TINY_CONFIG
+
+
+def recipe_defaults(path: Path) -> dict[str, Any]:
+    """Each recipe value a config file gives without overrides, unvalidated (for the help text, which must not
+    drift from the files, and must not import what validating needs)."""
+    values, _ = _recipe_values(read_config(path), overrides={}, source=str(path))
+    return {f.name: values.get(f.name, f.default) for f in dataclasses.fields(Recipe)}

@@ -40,6 +40,11 @@ def test_precedence_flag_over_config_over_default() -> None:
         ({"squad_finetune": {"max_seq_length": 100, "max_query_length": 20, "doc_stride": 77}}, "doc_stride=77"),
         ({"optimizer": {"type": "AdamW", "params": {"lr": -1}}}, "lr=-1"),
         ({"scheduler": {"type": "WarmupLR"}}, "remove the 'scheduler' section"),
+        # kaisa_ds.initialize reads lr_schedule only when no scheduler is passed; this job always passes its own
+        ({"lr_schedule": {"type": "PolyWarmUp", "warmup_proportion": 0.5, "total_steps": 10}},
+         "remove the 'lr_schedule' section"),
+        ({"lr_schedule": {"type": "PolyWarmUp", "warmup_proportion": 0.5, "total_steps": 10}},
+         "squad_finetune.warmup_proportion"),
     ],
 )
 def test_bad_values_are_named(config: dict, fragment: str) -> None:
