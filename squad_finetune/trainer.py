@@ -67,6 +67,10 @@ class TrainPlan:
         micro_per_epoch = math.ceil(num_features / (micro_batch * world_size))
         total = max(1, recipe.epochs * micro_per_epoch // accumulation)  # DeepSpeed steps on full windows only
         if recipe.max_steps is not None:
+            if recipe.max_steps > total:  # the epochs end the run first: say so rather than stop short silently
+                logger.warning("--max-steps %d: the run stops after %d steps, all that %d epoch(s) of %d windows "
+                               "give; raise --epochs (squad_finetune.epochs) for more", recipe.max_steps, total,
+                               recipe.epochs, num_features)
             total = min(total, recipe.max_steps)
         return cls(micro_batch, accumulation, world_size, micro_per_epoch, total)
 

@@ -16,11 +16,10 @@ from tests.support.squad_data import BERT_VOCAB, DEV_SUBSET, REPO_ROOT, requires
 @requires_dev_subset
 @requires_bert_vocab
 def test_eval_only_on_dev_articles(tmp_path: Path) -> None:
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
-
+    from bert_pretrain.data.tokenizer import load_tokenizer
     from tests.support.squad_data import save_tiny_qa_model
 
-    tokenizer = BertTokenizerFast(vocab=str(BERT_VOCAB), do_lower_case=True)
+    tokenizer = load_tokenizer(BERT_VOCAB)
     assert len(tokenizer) == 30522
     model = save_tiny_qa_model(tmp_path / "untrained", tokenizer, hidden=32, layers=1, heads=2, max_positions=512)
     output = tmp_path / "eval"

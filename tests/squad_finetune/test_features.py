@@ -107,9 +107,9 @@ def test_bad_settings_named(kwargs: dict[str, int]) -> None:
 @requires_dev_subset
 def test_real_vocab_answer_spans_round_trip() -> None:
     """On real contexts the labelled token span maps back, through the offsets, to the gold answer text."""
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
+    from bert_pretrain.data.tokenizer import load_tokenizer
 
-    tokenizer = BertTokenizerFast(vocab=str(BERT_VOCAB), do_lower_case=True)
+    tokenizer = load_tokenizer(BERT_VOCAB)
     assert len(tokenizer) == 30522
     ds, _ = load_squad_dataset(DEV_SUBSET, max_articles=2)
     settings = FeatureSettings(max_seq_length=128, doc_stride=32, max_query_length=32)

@@ -94,7 +94,9 @@ def test_two_rank_finetune_with_kfac_config(tmp_path: Path) -> None:
     assert train[-1]["kfac_steps"] == 20  # the engine preconditioned every optimizer step
     assert train[-1]["loss"] < train[0]["loss"]
     eval_q = _questions(output / "data" / "builtin_squad_eval.json")
-    assert json.loads((output / "eval_results.json").read_text())["questions"] == len(eval_q)
+    results = json.loads((output / "eval_results.json").read_text())
+    assert results["questions"] == len(eval_q)
+    assert results["kfac"] is True and results["config"] == str(KFAC_CONFIG)  # labels read from the run
 
 
 @pytest.mark.slow

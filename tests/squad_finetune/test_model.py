@@ -9,13 +9,14 @@ import pytest
 import torch
 from transformers import BertConfig, BertForPreTraining
 
+from bert_pretrain.data.errors import DataError
 from squad_finetune.model import ModelDirectoryError, load_qa_model
 from tests.support.squad_data import numbered_words, save_tiny_qa_model, word_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer():  # type: ignore[no-untyped-def]
-    return word_tokenizer(numbered_words(40))
+    return word_tokenizer(numbered_words(100))  # bert_pretrain's minimum vocabulary size, 100, and the specials
 
 
 def _pretraining_dir(path: Path, tokenizer, vocab_size: int | None = None) -> Path:  # type: ignore[no-untyped-def]
@@ -69,4 +70,22 @@ def test_directory_without_tokenizer(tmp_path: Path, tokenizer) -> None:  # type
 def test_tokenizer_larger_than_embedding(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
     path = _pretraining_dir(tmp_path / "m", tokenizer, vocab_size=len(tokenizer) - 5)
     with pytest.raises(ModelDirectoryError, match="does not belong to these weights"):
+        load_qa_model(path)
+
+
+def test_vocab_txt_only_directory_gets_the_tokenizer_from_bert_pretrains_home(tmp_path: Path, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    path = _pretraining_dir(tmp_path / "m", tokenizer)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        os.remove(path / name)
+    ids = tokenizer.get_vocab()
+    (path / "vocab.txt").write_text("\n".join(sorted(ids, key=ids.__getitem__)) + "\n", encoding="utf-8")
+    _, tok = load_qa_model(path)
+    assert tok.get_vocab() == tokenizer.get_vocab() and tok.is_fast
+    lower = tokenizer("w7 w8", add_special_tokens=False)["input_ids"]
+    assert tok("W7 w8", add_special_tokens=False)["input_ids"] == lower  # do_lower_case: BERT's default
+
+
+def test_tokenizer_smaller_than_bert_pretrains_minimum_is_refused(tmp_path: Path) -> None:
+    path = _pretraining_dir(tmp_path / "m", word_tokenizer(numbered_words(20)))
+    with pytest.raises(DataError, match="has 25 tokens; at least 100"):
         load_qa_model(path)

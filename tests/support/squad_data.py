@@ -67,13 +67,17 @@ SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def word_tokenizer(words: list[str]) -> Any:
-    """A fast BERT tokenizer whose vocabulary is the special tokens plus ``words``: one token per word."""
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
+    """A fast BERT tokenizer whose vocabulary is the special tokens plus ``words``: one token per word. Built by
+    bert_pretrain's load_tokenizer, the one place tokenizers are built from a vocabulary (it checks the size)."""
+    import tempfile
 
-    vocab = {tok: i for i, tok in enumerate(dict.fromkeys(SPECIAL_TOKENS + [w.lower() for w in words]))}
-    tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    assert len(tokenizer) == len(vocab), "vocabulary not loaded"
-    return tokenizer
+    from bert_pretrain.data.tokenizer import load_tokenizer
+
+    tokens = list(dict.fromkeys(SPECIAL_TOKENS + [w.lower() for w in words]))
+    with tempfile.TemporaryDirectory() as tmp:
+        vocab = Path(tmp) / "vocab.txt"
+        vocab.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+        return load_tokenizer(vocab)
 
 
 def numbered_words(n: int, prefix: str = "w") -> list[str]:
