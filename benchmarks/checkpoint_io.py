@@ -16,7 +16,7 @@ Two tables:
    bytes written, and the save's peak host memory above the resident set just before it (the kernel's peak RSS,
    ``VmHWM``, reset right before the save through ``/proc/self/clear_refs``, minus the RSS then).
 
-Defaults are the shipped BERT-Large K-FAC config (ds_configs/bert_large_phase1_*_kfac.json): fp16 factors, bf16
+Defaults are the shipped BERT-Large K-FAC config (ds_configs/bert_large_*_phase1_kfac.json): fp16 factors, bf16
 decompositions, grad_worker_fraction 0.5 (1 on a single rank).
 
     python -m benchmarks.checkpoint_io                       # worlds 1 2 4, 2 measured layers

@@ -8,7 +8,7 @@ Reported per strategy and world: K-FAC bytes on the busiest rank, payload per ra
 busiest rank), amortised over the intervals, and the decomposition imbalance (max/mean n³ work per rank)
 beside its bound (max(largest single decomposition, total/world) / mean). HYBRID-OPT is grad_worker_fraction
 1/2 (``hybrid-opt``). The K-FAC settings default to the shipped BERT-Large config's
-(ds_configs/bert_large_phase1_fp16_kfac.json: fp16 factors, bf16 decompositions, symmetric packing, factors
+(ds_configs/bert_large_fp16_phase1_kfac.json: fp16 factors, bf16 decompositions, symmetric packing, factors
 every 5 and decompositions every 50 steps).
 
     python -m benchmarks.scale_sim                       # worlds 64, 256, 1024

@@ -1,6 +1,6 @@
 """Part ``step_cost``: BERT-Large phase-1 step cost (seq 128) of LAMB vs LAMB + K-FAC, bf16 and fp16 autocast.
 
-KAISA's intervals and levers come from ds_configs/bert_large_phase1_bf16_kfac.json (factors every 5 steps,
+KAISA's intervals and levers come from ds_configs/bert_large_bf16_phase1_kfac.json (factors every 5 steps,
 decompositions every 50, fp16 factors, bf16 decompositions, token sampling): each dtype runs exact (every token
 feeds the statistics) and with that config's ``factor_sample_fraction``. The micro-batch is the largest of
 ``--batches`` whose K-FAC factor step fits in 90% of the GPU's memory. The measuring is benchmarks.step_cost's
@@ -24,7 +24,7 @@ from benchmarks.gpu.context import Context, save
 from benchmarks.step_cost import SideBySide, build_optimizer, measure
 
 REPO = Path(__file__).resolve().parents[2]
-PHASE1 = REPO / "ds_configs" / "bert_large_phase1_bf16_kfac.json"
+PHASE1 = REPO / "ds_configs" / "bert_large_bf16_phase1_kfac.json"
 MEMORY_SHARE = 0.9  # the probe's peak must stay under this share of the GPU: decompositions come on top
 # stages of the amortised overhead: step_cost's components grouped as KAISA reports them
 STAGES = {"statistics": ("hook_extra",), "reduction": ("factor_reduction", "gradient_broadcast"),

@@ -7,7 +7,7 @@ so BERT-Large plans in seconds. Choose ``grad_worker_fraction`` for a memory bud
 
     python -m kaisa_ds.plan --model large --world 64 --micro-batch 64 --seq 128 --grad-worker-fraction 0.5 \\
         --factor-dtype fp16
-    python -m kaisa_ds.plan --model large --ds-config ds_configs/bert_large_phase1_fp16_kfac.json --world 64 --json
+    python -m kaisa_ds.plan --model large --ds-config ds_configs/bert_large_fp16_phase1_kfac.json --world 64 --json
     python -m kaisa_ds.plan --model mini --world 4 --calibration benchmarks/results/step_cost.json
     python -m kaisa_ds.plan --model tiny --ds-config examples/ds_config_kfac.json --world 2 --micro-batch 8 --passes 2
 

@@ -155,3 +155,19 @@ def test_an_evaluation_interval_as_long_as_phase_1_is_warned(tmp_path: Path, mon
     mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "10"])
     warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
     assert "--eval-every 20" in warnings and "--phase1-steps 10" in warnings
+
+
+def test_every_config_prefix_the_docs_name_has_both_phases_of_both_variants() -> None:
+    """The README told users `--config-prefix ds_configs/bert_large`, a prefix with no configs behind it."""
+    import re
+
+    docs = [REPO / "README.md", REPO / "ds_configs" / "README.md", REPO / "mission" / "run.py"]
+    prefixes = {m for doc in docs for m in re.findall(r"--config-prefix[ =]`?(ds_configs/[\w./-]+?)`?[\s,)]",
+                                                       doc.read_text())}
+    assert prefixes, "the docs name no --config-prefix example"
+    for prefix in sorted(prefixes):
+        args = mission_run.parse_args(["--config-prefix", prefix])
+        for phase in (1, 2):
+            for suffix in mission_run.VARIANTS.values():
+                config = mission_run.phase_config(args, phase=phase, suffix=suffix)
+                assert (REPO / config).is_file(), f"--config-prefix {prefix}: {config} does not exist"
