@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    res = {"command": "python -m benchmarks.damping_scale " + " ".join(argv or []),
+    res: dict[str, Any] = {"command": "python -m benchmarks.damping_scale " + " ".join(argv or []),
            "regimes": [measure(r, text=args.text, vocab=args.vocab, windows=args.windows, relative=args.relative)
                        for r in TUNED]}
     for r in res["regimes"]:
