@@ -209,6 +209,7 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
 
 
 @REAL_DATA
+@pytest.mark.slow  # ~50 s; the reuse key itself: test_a_recorded_run_is_reused_only_when_every_input_is_the_same
 def test_tuning_reuses_records_when_only_the_other_grid_changed_and_reruns_stale_folders(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A LAMB tuning record stays valid when the K-FAC grid changes (it once was relaunched, failed on its existing

@@ -77,6 +77,7 @@ def _check_phase2(run: Path, phase1: list[dict[str, Any]]) -> None:
     assert json.loads((run / "summary.json").read_text())["phase"] == 2
 
 
+@pytest.mark.slow  # ~30 s; the K-FAC test runs the same two phases with resume (the default suite's path)
 def test_lamb_phase1_then_phase2(root: Path) -> None:
     phase1 = _check_phase1(_pretrain(root, "lamb1"), kfac=False)
     run = _pretrain(root, "lamb2", "--init-checkpoint", str(root / "lamb1" / "final"), phase=2, steps=3)

@@ -58,6 +58,7 @@ def test_hf_trainer_example_learns_with_kfac_and_resumes_with_its_vocabulary(tmp
 
 
 @pytest.mark.skipif(not WIKITEXT.is_file(), reason=f"needs {WIKITEXT}")
+@pytest.mark.slow  # ~18 s; bf16 through the Trainer is also in test_hf_trainer_modes
 def test_hf_trainer_example_bf16_on_cpu_runs_in_bf16_and_learns(tmp_path: Path) -> None:
     """--bf16 on CPU ranks: DeepSpeed's bf16 engine (not a silent fp32 run), and it learns (measured: 30 steps on one
     rank, logged loss 8.06 -> 7.12; asserted: falls >= 0.5 nat)."""

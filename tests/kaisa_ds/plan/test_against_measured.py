@@ -81,7 +81,7 @@ def _measure_all(rank: int, world: int) -> list[dict[str, Any]]:
     return [_measure(rank, world, options) for options in CONFIGS[world]]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: ~16 s
 def test_plan_equals_measured_memory_and_traffic(world: int) -> None:
     measured = run_distributed(_measure_all, world)
     for i, options in enumerate(CONFIGS[world]):
