@@ -2,8 +2,8 @@
 
 previous  every rank calls ``precond.state_dict()`` (every decomposition gathered onto every rank as CPU copies)
           and rank 0 ``torch.save``s it inside DeepSpeed's model-states file (``client_state``);
-sharded   ``kaisa_ds.shards.save_shards``: each rank writes the factors it decomposes and their decompositions,
-          rank 0 a small JSON index.
+sharded   ``kaisa_ds.checkpoint.shards.save_shards``: each rank writes the factors it decomposes and their
+          decompositions, rank 0 a small JSON index.
 
 Two tables:
 1. **Exact byte counts for the whole BERT-Large encoder** (24 layers, KAISA's skip list), simulated: the real
@@ -125,8 +125,8 @@ def _fill(precond: Any, inv_dtype: torch.dtype) -> None:
 
 def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     from kaisa_ds import KFACPreconditioner
+    from kaisa_ds.checkpoint.shards import META, save_shards, shard_name
     from kaisa_ds.engine.checkpoint import CLIENT_KEY
-    from kaisa_ds.shards import META, save_shards, shard_name
 
     torch.manual_seed(0)
     model = nn.Sequential(*(EncoderLinears(cfg["hidden"], cfg["inter"]) for _ in range(cfg["layers"])))

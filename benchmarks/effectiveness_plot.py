@@ -19,7 +19,7 @@ import torch
 from benchmarks.accuracy import text_batches
 from benchmarks.common import KAISA_SKIP, bert_for_pretraining, pretraining_loss
 from kaisa_ds import KFACPreconditioner
-from kaisa_ds.report import kfac_rows, plot
+from kaisa_ds.report.cli import kfac_rows, plot
 
 RUNS: dict[str, dict[str, Any]] = {"absolute_1e-3": {"damping": 1e-3}, "library_defaults": {}}
 

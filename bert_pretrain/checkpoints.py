@@ -1,7 +1,8 @@
 """Periodic checkpoints through ``engine.save_checkpoint``, with what an exact resume needs besides the engine.
 
 DeepSpeed saves the model, optimizer and LR scheduler (and kaisa_ds adds the K-FAC state: one shard per
-rank and an index, ``kfac_rank{r}_of_{W}.pt`` and ``kfac_meta.json`` in the same tag, see :mod:`kaisa_ds.shards`).
+rank and an index, ``kfac_rank{r}_of_{W}.pt`` and ``kfac_meta.json`` in the same tag, see
+:mod:`kaisa_ds.checkpoint.shards`).
 Here the client state adds the step and data position, and each rank writes its own RNG state (dropout masks
 differ per rank, and DeepSpeed's client state is written by rank 0 only).
 

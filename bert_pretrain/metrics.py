@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.files import write_atomic
-from kaisa_ds.jsonl import MetricsError, read_rows
+from kaisa_ds.report.metrics_log import MetricsError, read_rows
 
 logger = logging.getLogger(__name__)
 __all__ = ["MetricsError", "MetricsLog", "plot_losses", "read_rows"]

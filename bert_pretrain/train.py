@@ -281,7 +281,8 @@ def train_step(engine: Any, module: PretrainingLoss, batches: Any, *, step: int,
     if engine.kfac is not None:
         row["kfac_ms"] = {k: round(v * 1000, 3) for k, v in engine.kfac.timings.items()}
         row["kfac_skipped_windows"] = int(engine.kfac.skipped_windows)
-        row["kfac"] = engine.kfac.diagnostics_snapshot()  # ν, damping, lr, eigenvalue ranges: kaisa_ds.report plots
+        # ν, damping, lr, eigenvalue ranges: python -m kaisa_ds.report plots them
+        row["kfac"] = engine.kfac.diagnostics_snapshot()
     return row
 
 

@@ -15,10 +15,10 @@ from kaisa_ds.enums import ComputeMethod, DistributedStrategy, LossReduction
 from kaisa_ds.schedules import StepSchedule
 
 if TYPE_CHECKING:
-    from kaisa_ds.engine.accelerate_loop import attach_to_accelerator
     from kaisa_ds.engine.deepspeed_engine import initialize
-    from kaisa_ds.engine.hf_trainer import enable_kfac
     from kaisa_ds.engine.launch import init_distributed
+    from kaisa_ds.hf.accelerate import attach_to_accelerator
+    from kaisa_ds.hf.trainer import enable_kfac
     from kaisa_ds.preconditioner import KFACPreconditioner
 
 __all__ = [
@@ -46,11 +46,11 @@ def __getattr__(name: str) -> Any:
 
         return initialize
     if name == "enable_kfac":
-        from kaisa_ds.engine.hf_trainer import enable_kfac
+        from kaisa_ds.hf.trainer import enable_kfac
 
         return enable_kfac
     if name == "attach_to_accelerator":
-        from kaisa_ds.engine.accelerate_loop import attach_to_accelerator
+        from kaisa_ds.hf.accelerate import attach_to_accelerator
 
         return attach_to_accelerator
     if name == "init_distributed":

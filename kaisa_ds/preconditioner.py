@@ -1,7 +1,7 @@
 """KFACPreconditioner: wires capture → factors → decomposition → communication → preconditioning.
 
 It is the one owner of the step's state (counters, structure, decompositions, caches); :mod:`kaisa_ds.step`
-and :mod:`kaisa_ds.state` work through its public attributes, and every change of the structure or of a
+and :mod:`kaisa_ds.checkpoint.state` work through its public attributes, and every change of the structure or of a
 loaded state is built aside and swapped in whole, so an error leaves the object usable.
 """
 
@@ -13,22 +13,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from kaisa_ds.capture.hooks import HookCapture
+from kaisa_ds.checkpoint.state import export_state, validate_state
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, from_tensors
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import rank, world_size
 from kaisa_ds.distributed.exit_grace import register_exit_grace
+from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
-from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import Rows, keep_all
-from kaisa_ds.layers import KFACLayer, discover_layers
+from kaisa_ds.layers.discovery import KFACLayer, discover_layers
+from kaisa_ds.layers.hooks import HookCapture
+from kaisa_ds.layers.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
-from kaisa_ds.reduction import WindowReducer
-from kaisa_ds.state import export_state, validate_state
 from kaisa_ds.step import STAGES, GradWatermark, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info
 from kaisa_ds.timing import StageTimer

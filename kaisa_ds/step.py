@@ -16,11 +16,11 @@ import torch
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
-from kaisa_ds.factors.modules import GradAccessor, ParamGradAccessor
+from kaisa_ds.distributed.reduction import WindowReducer
+from kaisa_ds.layers.modules import GradAccessor, ParamGradAccessor
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
-from kaisa_ds.reduction import WindowReducer
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
 

@@ -1,8 +1,8 @@
 """K-FAC state inside DeepSpeed checkpoints, sharded: each rank writes its own share next to DeepSpeed's files.
 
 ``engine.save_checkpoint`` writes DeepSpeed's files, then every rank its K-FAC shard and rank 0 the shard index
-(:mod:`kaisa_ds.shards`: ``<tag>/kfac_rank{r}_of_{W}.pt`` and ``<tag>/kfac_meta.json``, the index last). DeepSpeed's
-``client_state`` (written by data-parallel rank 0 into its model-states file) carries only a small record
+(:mod:`kaisa_ds.checkpoint.shards`: ``<tag>/kfac_rank{r}_of_{W}.pt`` and ``<tag>/kfac_meta.json``, the index last).
+DeepSpeed's ``client_state`` (written by data-parallel rank 0 into its model-states file) carries only a small record
 (``kaisa_ds_kfac_shards``: world size, step) that says the shards belong to the checkpoint, so a tag whose shards
 were never completed is refused rather than silently resumed without K-FAC state. ``load_checkpoint`` restores
 the shards at the current world size.
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from kaisa_ds.checkpoint.shards import META, check_shards, load_shards, save_shards
+from kaisa_ds.checkpoint.state import validate_saved_state
 from kaisa_ds.preconditioner import KFACPreconditioner
-from kaisa_ds.shards import META, check_shards, load_shards, save_shards
-from kaisa_ds.state import validate_saved_state
 
 logger = logging.getLogger(__name__)
 CLIENT_KEY = "kaisa_ds_kfac"  # the previous format: the gathered state itself

@@ -1,10 +1,10 @@
 """The layers and factors K-FAC would precondition, read from a model built on the ``meta`` device.
 
 No weight is allocated: the model is built under ``torch.device("meta")`` and run forward once on meta
-tokens with kaisa_ds's own hooks (:class:`~kaisa_ds.capture.hooks.HookCapture`), so layer discovery,
+tokens with kaisa_ds's own hooks (:class:`~kaisa_ds.layers.hooks.HookCapture`), so layer discovery,
 ``skip_layers``, tied weights, layers whose hooks never fire, and query/key/value sharing one A factor are
-decided by exactly the code a real run uses (:func:`~kaisa_ds.layers.discover_layers`,
-:func:`~kaisa_ds.layers.share_inputs`, :func:`~kaisa_ds.structure.work_units`). BERT-Large takes seconds.
+decided by exactly the code a real run uses (:func:`~kaisa_ds.layers.discovery.discover_layers`,
+:func:`~kaisa_ds.layers.discovery.share_inputs`, :func:`~kaisa_ds.structure.work_units`). BERT-Large takes seconds.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from kaisa_ds.capture.hooks import HookCapture
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import WorkUnit
-from kaisa_ds.layers import KFACLayer, discover_layers, share_inputs
+from kaisa_ds.layers.discovery import KFACLayer, discover_layers, share_inputs
+from kaisa_ds.layers.hooks import HookCapture
 from kaisa_ds.plan.bert_sizes import SIZES
 from kaisa_ds.structure import factors_of, work_units
 

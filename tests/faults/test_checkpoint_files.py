@@ -120,8 +120,8 @@ def test_a_non_finite_kfac_state_falls_back_naming_the_factor(tmp_path: Path,
 
 def _sharded_tag(folder: Path, step: int, *, before_marker: Callable[[Path], None] | None = None) -> Path:
     """A checkpoint with K-FAC shards as kaisa_ds's engine writes them (one rank: one shard and the index)."""
+    from kaisa_ds.checkpoint.shards import save_shards
     from kaisa_ds.engine.checkpoint import SHARDS_KEY
-    from kaisa_ds.shards import save_shards
 
     tag = _tag(folder, step, world=1, complete=False)
     precond = _kfac_precond()

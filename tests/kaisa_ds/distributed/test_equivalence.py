@@ -101,8 +101,8 @@ def test_a_layer_without_gradient_gives_the_same_result_under_every_strategy() -
             assert all(set(g) == set(w) for g, w in zip(got, want))
 
 
-# Half-precision factors (windows and traffic in the storage dtype, kaisa_ds.reduction): the documented tolerance
-# of the preconditioned gradients against the FP32 single process, at any world size and accumulation split.
+# Half-precision factors (windows and traffic in the storage dtype, kaisa_ds.distributed.reduction): the documented
+# tolerance of the preconditioned gradients against the FP32 single process, at any world size and accumulation split.
 HALF_GRAD_TOL = {"fp16": 2e-2, "bf16": 1e-1}
 
 

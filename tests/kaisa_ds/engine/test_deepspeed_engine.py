@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
+from kaisa_ds.checkpoint.shards import META, assemble, read_meta
 from kaisa_ds.engine.checkpoint import CLIENT_KEY, SHARDS_KEY
-from kaisa_ds.shards import META, assemble, read_meta
 from tests.kaisa_ds.engine import ds_worker
 from tests.support.launch import run_deepspeed
 from tests.support.models import TinyTransformerish

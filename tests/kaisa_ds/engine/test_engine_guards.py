@@ -278,7 +278,7 @@ def test_save_on_each_node_is_refused_across_nodes_only(monkeypatch: pytest.Monk
     """Each node's disk would hold only its own ranks' K-FAC shards, while a resume reads every rank's."""
     from types import SimpleNamespace
 
-    from kaisa_ds.engine.hf_trainer import check_node_local_checkpoints
+    from kaisa_ds.hf.trainer import check_node_local_checkpoints
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="save_on_each_node=True on several nodes"):

@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from kaisa_ds.jsonl import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ import logging
 import os
 from typing import Any
 
-from kaisa_ds.engine.accelerate_loop import attach_to_accelerator, deepspeed_engine_of
 from kaisa_ds.engine.ds_config import load_config, parse_kfac_section
-from kaisa_ds.engine.hf_loss import wrap_compute_loss_func
+from kaisa_ds.hf.accelerate import attach_to_accelerator, deepspeed_engine_of
+from kaisa_ds.hf.loss import wrap_compute_loss_func
 
 logger = logging.getLogger(__name__)
 ENABLED = "_kaisa_ds_kfac_enabled"  # Trainer attribute: enable_kfac already ran on it
@@ -38,7 +38,7 @@ def enable_kfac(trainer: Any) -> Any:
     (``loss_reduction="mean"``). For the model's own loss this turns the Trainer's token-count path off
     (``trainer.model_accepts_loss_kwargs = False``): the Trainer then divides each micro-batch's mean loss by the
     accumulation steps. A ``compute_loss_func`` keeps its own convention; K-FAC is told the factor by which the
-    loss the Trainer back-propagates differs from its own (:mod:`kaisa_ds.engine.hf_loss`).
+    loss the Trainer back-propagates differs from its own (:mod:`kaisa_ds.hf.loss`).
     """
     if not getattr(trainer, "is_deepspeed_enabled", False):
         raise ValueError("kaisa_ds.enable_kfac: this Trainer does not use DeepSpeed, so K-FAC cannot run; pass "

@@ -1,5 +1,5 @@
-"""Sharded K-FAC checkpoints (kaisa_ds.shards) on gloo CPU ranks: each rank writes about 1/world of the state,
-a resume at the same or another world size continues the uninterrupted losses, decompositions a checkpoint
+"""Sharded K-FAC checkpoints (kaisa_ds.checkpoint.shards) on gloo CPU ranks: each rank writes about 1/world of the
+state, a resume at the same or another world size continues the uninterrupted losses, decompositions a checkpoint
 lacks are recomputed, and incomplete shards are refused naming the file."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
-from kaisa_ds.shards import META, check_shards, load_shards, save_shards, shard_name
+from kaisa_ds.checkpoint.shards import META, check_shards, load_shards, save_shards, shard_name
 from tests.support.launch import run_distributed
 from tests.support.models import TinyStack
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kaisa_ds.engine import accelerate_text_worker, hf_worker
+from tests.kaisa_ds.hf import accelerate_text_worker, hf_worker
 from tests.support.launch import run_torchrun
 
 

@@ -1,7 +1,7 @@
 """Saving and restoring the complete K-FAC state (factors, decompositions, counters, structure).
 
 Decompositions live on their assigned ranks, so :func:`export_state` gathers them (one broadcast
-per source rank) and every rank returns the same dictionary. The sharded path (:mod:`kaisa_ds.shards`)
+per source rank) and every rank returns the same dictionary. The sharded path (:mod:`kaisa_ds.checkpoint.shards`)
 avoids that gather: :func:`owned_state` is what one rank alone writes (the factors it decomposes and their
 decompositions) and :func:`adopt_decompositions` installs the decompositions a rank read back.
 :func:`validate_state` checks a state completely (version, keys, shapes, finite values) before

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
-from kaisa_ds.report import kfac_rows, main
+from kaisa_ds.report.cli import kfac_rows, main
 from tests.support.models import TinyTransformerish
 
 

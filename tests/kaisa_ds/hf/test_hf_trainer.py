@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kaisa_ds.checkpoint.shards import META
 from kaisa_ds.engine.checkpoint import SHARDS_KEY
-from kaisa_ds.shards import META
-from tests.kaisa_ds.engine import hf_worker
+from tests.kaisa_ds.hf import hf_worker
 from tests.support.launch import run_deepspeed
 
 WORKER = str(Path(hf_worker.__file__))

@@ -2,8 +2,8 @@
 
 Layout inside one checkpoint folder (a DeepSpeed tag, next to DeepSpeed's own per-rank files)::
 
-    kfac_rank{r:03d}_of_{W:03d}.pt   rank r's share (:func:`kaisa_ds.state.owned_state`): the factors it decomposes
-                                     and their decompositions; every factor is in exactly one shard
+    kfac_rank{r:03d}_of_{W:03d}.pt   rank r's share (:func:`kaisa_ds.checkpoint.state.owned_state`): the factors it
+                                     decomposes and their decompositions; every factor is in exactly one shard
     kfac_meta.json                   written last, by rank 0, after every shard: counters, structure, method, the
                                      shards with their sizes and an index factor -> shard
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from kaisa_ds.state import (
+from kaisa_ds.checkpoint.state import (
     STATE_VERSION,
     adopt_decompositions,
     owned_state,

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
 import kaisa_ds
-from tests.kaisa_ds.engine.hf_worker import GAS, KFAC, LR, MICRO, factors, window_losses
+from tests.kaisa_ds.hf.hf_worker import GAS, KFAC, LR, MICRO, factors, window_losses
 from tests.support.models import masked_lm_examples, tiny_bert_mlm
 
 MESSAGES: list[str] = []  # kaisa_ds log records of this rank
@@ -227,7 +227,7 @@ def epoch_losses(result: dict, windows_per_epoch: int) -> list[float]:
 def modes(work: str) -> dict:
     """The Trainer as users run it, against kaisa_ds.initialize on the same micro-batches where a reference exists
     (ZeRO-1/2, bf16, gradient checkpointing), else that it learns (short windows, label smoothing, LoRA)."""
-    from tests.kaisa_ds.engine.hf_worker import reference
+    from tests.kaisa_ds.hf.hf_worker import reference
 
     res: dict = {}
     for name, cfg, extra in [("zero1", ds_config(stage=1), {}), ("zero2", ds_config(stage=2), {}),
@@ -324,7 +324,7 @@ def accelerate_reports(work: str) -> dict:
     from accelerate.state import AcceleratorState, GradientState
     from accelerate.utils import DeepSpeedPlugin
 
-    from tests.kaisa_ds.engine.hf_worker import adamw, rank_batches
+    from tests.kaisa_ds.hf.hf_worker import adamw, rank_batches
 
     AcceleratorState()._reset_state()
     GradientState._reset_state()  # the Trainers' accumulation settings live in this singleton too

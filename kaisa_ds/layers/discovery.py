@@ -11,7 +11,7 @@ from torch import nn
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.enums import LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
-from kaisa_ds.factors.modules import ModuleHelper, helper_for
+from kaisa_ds.layers.modules import ModuleHelper, helper_for
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.kaisa_ds.engine import hf_modes_worker
+from tests.kaisa_ds.hf import hf_modes_worker
 from tests.support.launch import run_deepspeed
 
 WORKER = str(Path(hf_modes_worker.__file__))

@@ -1,1 +1,0 @@
-"""Capture: module hooks that hand layer inputs and output gradients to the factor statistics."""

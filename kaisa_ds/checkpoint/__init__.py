@@ -1,0 +1,1 @@
+"""Checkpointing of the K-FAC state: export/restore, per-rank shards, atomic files."""

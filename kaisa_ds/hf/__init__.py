@@ -1,0 +1,1 @@
+"""Hugging Face integrations: the Trainer (enable_kfac) and a hand-written accelerate loop."""
