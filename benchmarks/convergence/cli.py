@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.common import machine, machine_line, table, write_json
-from benchmarks.convergence import analysis
+from benchmarks.convergence import ablation, analysis
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (("tune", "tune one regime's LAMB and K-FAC settings on the tune part"),
-                           ("final", "chosen settings × seeds on the report part; figures, plots, final.json")):
+                           ("final", "chosen settings × seeds on the report part; figures, plots, final.json"),
+                           ("ablation", "the final K-FAC runs beside identity-curvature K-FAC (same cost, KL clip, "
+                                        "lr): is the gain curvature or step size?")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--text", type=Path, nargs="+",
                        help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
@@ -61,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--model-size", choices=["tiny", "mini", "base"],
                        help="override the regimes' model (default: tiny; see regimes.py for why)")
     sub.choices["tune"].add_argument("--regime", choices=sorted(REGIMES), required=True)
+    abl = sub.choices["ablation"]
+    abl.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    abl.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
+    abl.add_argument("--damping", type=float, default=ablation.IDENTITY_DAMPING,
+                     help="absolute damping that makes the curvature the identity (default %(default)g; BERT's "
+                          "λ_A·λ_G are ≤ ~1e-2)")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -243,11 +251,38 @@ def final(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
+    """``ablation``: the regime's final K-FAC beside identity-curvature K-FAC, reusing the final runs' records."""
+    regime = regime_of(args.regime, args)
+    parts = parts_of(args, regime)
+    out = args.results / regime.name
+    chosen_path = out / "chosen.json"
+    if not chosen_path.is_file():
+        raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
+                         f"{regime.name}{' --quick' if args.quick else ''}` first")
+    chosen = json.loads(chosen_path.read_text())
+    check_scale(chosen, regime, path=chosen_path, quick_scale=args.quick, parts=parts, vocab=args.vocab)
+    seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
+    result = ablation.ablation(regime=regime, parts=parts, chosen=chosen, seeds=seeds, damping=args.damping,
+                               vocab=args.vocab, work=args.work, out=out, info=machine(), kfac_keys=kfac_keys)
+    rows = [{"seed": r["seed"], "variant": r["variant"], "final": r["final"], "LAMB final": r["lamb_final"],
+             "LAMB best": r["lamb_best"], "time to LAMB final": r["to_lamb_final"]["time_ratio"],
+             "time to LAMB best": r["to_lamb_best"]["time_ratio"]} for r in result["rows"]]
+    print(table(rows, list(rows[0])))
+    for name, s in result["summary"].items():
+        print(f"{name}: time to LAMB's final {s['to_lamb_final']['time_ratio']['mean']} "
+              f"(±{s['to_lamb_final']['time_ratio']['std']}, {s['to_lamb_final']['time_ratio']['missing']} never), "
+              f"to LAMB's best {s['to_lamb_best']['time_ratio']['mean']} "
+              f"(±{s['to_lamb_best']['time_ratio']['std']}, {s['to_lamb_best']['time_ratio']['missing']} never)")
+    print(f"wrote {out / 'ablation.json'}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
     resolve_folders(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return tune(args) if args.command == "tune" else final(args)
+        return {"tune": tune, "final": final, "ablation": run_ablation}[args.command](args)
     except SplitError as exc:
         raise SystemExit(f"python -m benchmarks.convergence: {exc}") from exc

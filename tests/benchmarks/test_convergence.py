@@ -206,6 +206,16 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert small["plateau"] > 0 and small["report_target_entropy"] > 0
     assert (tmp_path / "results" / "small" / "final.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "results" / "final.json").read_text())["regimes"]["small"]["pairs"]
+    # the ablation reuses both final records (no new launch for them) and runs K-FAC with identity curvature only
+    finals = {p: p.stat().st_mtime_ns for p in (tmp_path / "results" / "small" / "final").glob("*.json")}
+    abl = main(["ablation", "--regime", "small", "--damping", "3", *_common(tmp_path)])
+    assert {p: p.stat().st_mtime_ns for p in finals} == finals
+    identity = json.loads((tmp_path / "results" / "small" / "ablation" / "identity_damping3_seed1.json").read_text())
+    kfac = json.loads((tmp_path / "results" / "small" / "final" / "kfac_seed1.json").read_text())
+    assert identity["inputs"]["ds_config"]["kfac"] == {**kfac["inputs"]["ds_config"]["kfac"], "damping": 3.0}
+    assert identity["spec"]["lr"] == kfac["spec"]["lr"] and identity["curve"]["values"]
+    assert {r["variant"] for r in abl["rows"]} == {"kfac", "identity"}
+    assert json.loads((tmp_path / "results" / "small" / "ablation.json").read_text())["identity_damping"] == 3.0
 
 
 @REAL_DATA
@@ -364,3 +374,29 @@ def test_final_json_names_every_input_it_ran_with(tmp_path: Path, monkeypatch: p
     for given in (str(text), str(vocab), "--steps 6", "--model-size mini"):
         assert given in recorded["command"], given
     assert recorded["command"] == result["command"]
+
+
+def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> None:
+    """A LAMB whose held-out loss rises late hands out a 'win' against its final; its best loss must be reported
+    too."""
+    from benchmarks.convergence.ablation import seed_rows, summarise
+
+    def record(seed: int, values: list[float]) -> dict[str, Any]:
+        steps = [10.0 * (i + 1) for i in range(len(values))]
+        return {"spec": {"seed": seed, "steps": 40}, "train_seconds": 40.0, "final": values[-1],
+                "curve": {"steps": steps, "seconds": steps, "values": values}}
+
+    lamb = [record(1, [7.0, 6.0, 6.5, 6.8])]  # best 6.0 at step 20, final 6.8
+    kfac = [record(1, [7.2, 6.7, 6.2, 5.9])]
+    rows = seed_rows(lamb, {"kfac": kfac})
+    (row,) = rows
+    assert row["lamb_best"] == 6.0 and row["lamb_steps_to_its_best"] == 20.0
+    # 6.8 between 7.2 (step 10) and 6.7 (step 20): step 18, 0.45 of LAMB's 40 s
+    assert row["to_lamb_final"]["step"] == pytest.approx(18.0)
+    assert row["to_lamb_final"]["time_ratio"] == pytest.approx(0.45)
+    assert row["to_lamb_best"]["step"] == pytest.approx(30 + 10 * (6.2 - 6.0) / (6.2 - 5.9))
+    best = summarise(rows)["kfac"]["to_lamb_best"]["time_ratio"]["mean"]
+    assert best == pytest.approx(row["to_lamb_best"]["time_ratio"])
+    never = seed_rows(lamb, {"kfac": [record(1, [7.2, 7.1, 7.0, 6.9])]})
+    assert never[0]["to_lamb_final"]["step"] is None
+    assert summarise(never)["kfac"]["to_lamb_final"]["time_ratio"]["missing"] == 1
