@@ -29,23 +29,17 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import (
-    KAISA_SKIP,
-    bert_for_pretraining,
-    machine,
-    machine_line,
-    masked_batch,
-    median,
-    parser,
-    pretraining_loss,
-    publish,
-    random_batch,
-    table,
-)
+from benchmarks.harness.batches import masked_batch, random_batch
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from benchmarks.harness.output import publish, table
+from benchmarks.harness.timing import median
 from bert_pretrain.data.documents import WIKITEXT_MARKS
 from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import Specials
 from bert_pretrain.data.tokenizer import MAX_UNK_RATE, check_coverage, check_vocab_size, load_tokenizer, vocab_tokens
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 
 VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
 

@@ -26,7 +26,6 @@ decompositions, grad_worker_fraction 0.5 (1 on a single rank).
 from __future__ import annotations
 
 import gc
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from benchmarks.common import machine, machine_line, parser, publish, spawn, table
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.memory import MB, peak_rss_bytes, reset_peak_rss, rss_bytes
+from benchmarks.harness.options import DTYPE_NAMES
+from benchmarks.harness.output import publish, table
+from benchmarks.harness.processes import spawn
+from kaisa_ds.config import DTYPES
 
-MB = 2**20
 HIDDEN, INTER, LAYERS = 1024, 4096, 24
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class EncoderLinears(nn.Module):
@@ -95,20 +98,6 @@ def simulate(*, layers: int, world: int, fraction: float, factor_bytes: int, inv
             "new_written_mean_MB": sum(shard) / world / MB, "new_max_over_old": max(shard) / total}
 
 
-def _rss() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _reset_peak() -> None:
-    """Make the kernel's peak RSS (VmHWM) start again from the current RSS (Linux >= 4.0)."""
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def _peak() -> int:
-    line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmHWM:"))
-    return int(line.split()[1]) * 1024
-
-
 def _fill(precond: Any, inv_dtype: torch.dtype) -> None:
     """Random factors (every rank holds all) and decompositions (the ones this rank holds), in place."""
     from kaisa_ds.decomposition.decompose import Decomposition
@@ -141,8 +130,8 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     if world > 1:
         torch.distributed.barrier()
-    _reset_peak()
-    rss = _rss()
+    reset_peak_rss()
+    rss = rss_bytes()
     if cfg["format"] == "previous":
         state = precond.state_dict()  # a collective: every rank gathers every decomposition
         written = folder / "mp_rank_00_model_states.pt"
@@ -153,7 +142,7 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     else:
         save_shards(precond, folder)
         files = [folder / shard_name(rank, world)] + ([folder / META] if rank == 0 else [])
-    peak = _peak()
+    peak = peak_rss_bytes()
     held = precond.memory_usage()
     return {"written_MB": sum(f.stat().st_size for f in files) / MB, "save_peak_MB": (peak - rss) / MB,
             "kfac_held_MB": (held["factors"] + held["decompositions"]) / MB}
@@ -184,8 +173,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--simulated-worlds", type=int, nargs="+", default=[1, 2, 4, 8, 64])
     p.add_argument("--layers", type=int, default=2, help="encoder layers measured on real ranks (default: %(default)s)")
-    p.add_argument("--factor-dtype", default="fp16", choices=list(DTYPES))
-    p.add_argument("--inv-dtype", default="bf16", choices=list(DTYPES))
+    p.add_argument("--factor-dtype", default="fp16", choices=list(DTYPE_NAMES))
+    p.add_argument("--inv-dtype", default="bf16", choices=list(DTYPE_NAMES))
     p.add_argument("--fraction", type=float, default=0.5, help="grad_worker_fraction (at least 1/world)")
     p.add_argument("--hidden", type=int, default=HIDDEN, help="hidden size (default: BERT-Large's %(default)s)")
     p.add_argument("--intermediate", type=int, default=INTER, help="intermediate size (default: %(default)s)")

@@ -38,24 +38,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import (
-    BERT_SIZES,
-    KAISA_SKIP,
-    bert_for_pretraining,
-    machine,
-    machine_line,
-    parser,
-    pretraining_loss,
-    random_batch,
-    spawn,
-    table,
-    write_json,
-)
+from benchmarks.harness.batches import random_batch
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.memory import MB
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from benchmarks.harness.options import STRATEGIES
+from benchmarks.harness.output import table, write_json
+from benchmarks.harness.processes import spawn
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.enums import DistributedStrategy
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP, SIZES
 from kaisa_ds.plan.traffic import payload_per_rank, runs, wire_per_rank
 
-STRATEGIES = {"MEM-OPT": "mem-opt", "HYBRID-OPT": "hybrid-opt", "COMM-OPT": "comm-opt"}
 STAGE_OF = {"factor_reduction": "factor_allreduce", "decomposition": "decomposition_broadcast",
             "gradient_broadcast": "gradient_broadcast"}
 COUNTERS = tuple(STAGE_OF.values())
@@ -127,11 +122,11 @@ def core_counters(kfac: Any) -> dict[str, int]:
     return {k: int(kfac.comm_bytes.get(k, 0)) + int(sent.get(k, 0)) for k in COUNTERS}
 
 
-def _run_strategy(rank: int, world: int, fraction: str, symmetric: bool, size: str) -> dict[str, Any]:
+def _run_strategy(rank: int, world: int, strategy: DistributedStrategy, symmetric: bool, size: str) -> dict[str, Any]:
     from kaisa_ds import KFACPreconditioner
 
     model = bert_for_pretraining(size, vocab=1000, seq=32)
-    kfac = KFACPreconditioner(model, factor_update_steps=2, inv_update_steps=4, grad_worker_fraction=fraction,
+    kfac = KFACPreconditioner(model, factor_update_steps=2, inv_update_steps=4, grad_worker_fraction=strategy,
                               symmetry_aware=symmetric, skip_layers=KAISA_SKIP, kl_clip=0.001, lr=0.01)
     batch = random_batch(4, 32, 1000, "cpu", seed=rank)
     counter = PayloadCounter(rank)
@@ -219,8 +214,8 @@ def compare(world: int, runs: list[list[dict[str, Any]]]) -> tuple[list[dict[str
                                     f"{[exact[r] for r in bad]}")
                 if core != seen:
                     problems.append(f"{where}: the core's counters say {core} B, intercepted {seen} B")
-            row["payload MB/rank"] = sum(row[f"{s} measured"] for s in COUNTERS) / 2**20
-            row["wire MB/rank (est.)"] = wire / 2**20
+            row["payload MB/rank"] = sum(row[f"{s} measured"] for s in COUNTERS) / MB
+            row["wire MB/rank (est.)"] = wire / MB
             rows.append(row)
     return rows, problems
 
@@ -228,7 +223,7 @@ def compare(world: int, runs: list[list[dict[str, Any]]]) -> tuple[list[dict[str
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser("comm_volume", __doc__)
     p.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="world sizes (default: %(default)s)")
-    p.add_argument("--size", default="tiny", choices=[s for s in BERT_SIZES if s != "large"],
+    p.add_argument("--size", default="tiny", choices=[s for s in SIZES if s != "large"],
                    help="BERT size (default: %(default)s)")
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(STRATEGIES),
                    help="default: all three")
@@ -240,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             p.error("--worlds: every world size must be at least 2")
         strategies, seen = [], set()
         for name in args.strategies:  # hybrid-opt has world // 2 gradient workers: MEM-OPT itself at world 2
-            workers = resolve_grad_workers(DistributedStrategy(STRATEGIES[name]), world)
+            workers = resolve_grad_workers(STRATEGIES[name], world)
             if workers in seen:
                 skipped.append(f"{name} at world {world} ({workers} gradient worker(s), as measured above)")
                 continue

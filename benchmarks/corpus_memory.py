@@ -16,16 +16,17 @@ The answer is the growth: (peak at the largest size - peak at the smallest) / (d
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, machine_line, parser, publish, table
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.memory import MB, peak_rss_bytes
+from benchmarks.harness.output import publish, table
 
-MB = 1 << 20
 SEEDS = 32  # distinct ~1 MB corpora cycled to make a file of any size
 ARTICLES = 2000  # articles per seed (~0.95 MB of text)
 
@@ -62,14 +63,6 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def _peak_rss(pid: int) -> int:
-    """VmHWM: the peak resident memory of one process, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (datasets.map workers)."""
     import psutil
@@ -90,7 +83,7 @@ def _prepare(text: str, out: str, vocab: str | None, dupe_factor: int, queue: An
     folder = prepare_phase([Path(text)], Path(out), phase=1, vocab=Path(vocab) if vocab else None,
                            dupe_factor=dupe_factor, seed=0)
     queue.put({"examples": sum(len(load_split(folder, p)) for p in ("train", "heldout")),
-               "main_peak_rss_mb": _peak_rss(os.getpid()) / MB})
+               "main_peak_rss_mb": peak_rss_bytes() / MB})
 
 
 def measure(text: Path, work: Path, *, vocab: Path | None, dupe_factor: int, interval: float = 0.05) -> dict[str, Any]:

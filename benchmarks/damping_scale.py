@@ -27,8 +27,9 @@ from typing import Any
 import torch
 
 from benchmarks.accuracy import text_batches
-from benchmarks.common import KAISA_SKIP, bert_for_pretraining, pretraining_loss
 from benchmarks.convergence.regimes import REGIMES
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 
 TUNED = {"small": 1e-4, "large": 1e-6}  # the convergence study's chosen absolute dampings (results/convergence)
 

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from benchmarks.accuracy import text_batches
-from benchmarks.common import KAISA_SKIP, bert_for_pretraining, pretraining_loss
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
 from kaisa_ds import KFACPreconditioner
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.report.cli import kfac_rows, plot
 
 RUNS: dict[str, dict[str, Any]] = {"absolute_1e-3": {"damping": 1e-3}, "library_defaults": {}}

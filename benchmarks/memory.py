@@ -24,45 +24,21 @@ quarters the window buffer; decompositions per rank shrink from COMM-OPT (every 
 
 from __future__ import annotations
 
-import resource
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from benchmarks.common import (
-    BERT_SIZES,
-    KAISA_SKIP,
-    bert_for_pretraining,
-    isolated,
-    machine,
-    machine_line,
-    parser,
-    pretraining_loss,
-    random_batch,
-    spawn,
-    table,
-    write_json,
-)
-
-MB = 2**20
-FRACTION_NAMES = {"mem-opt": "MEM-OPT", "hybrid": "HYBRID-OPT", "comm-opt": "COMM-OPT"}
-
-
-def peak_bytes(device: torch.device) -> int:
-    """The process's peak memory so far: GPU allocations on CUDA, resident set size on CPU."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
-
-
-def strategy_name(fraction: float, world: int) -> str:
-    if world == 1:
-        return "single"
-    if abs(fraction - 1.0) < 1e-9:
-        return FRACTION_NAMES["comm-opt"]
-    return FRACTION_NAMES["mem-opt"] if abs(fraction * world - 1) < 1e-9 else FRACTION_NAMES["hybrid"]
+from benchmarks.harness.batches import random_batch
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.memory import MB, peak_bytes, peak_source
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from benchmarks.harness.output import table, write_json
+from benchmarks.harness.processes import isolated, spawn
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP, SIZES
+from kaisa_ds.plan.summary import strategy_name
 
 
 def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +82,7 @@ def _measure(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
         "all_zero_factors": sum(1 for f in kfac.factors().values() if f.value is not None and not f.value.any()),
         "missing_decompositions": len(held - set(kfac.decompositions)),
         "peak_delta": peak_bytes(device) - base_peak,
-        "peak_source": "cuda.max_memory_allocated" if device.type == "cuda" else "ru_maxrss",
+        "peak_source": peak_source(device),
         "factors": len(kfac.factors()), "layers": len(kfac.layers), "grad_workers": kfac.grad_workers,
     }
 
@@ -116,7 +92,7 @@ def row_of(cfg: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str, Any]:
     world = len(ranks)
     first = ranks[0]
     dec = [r["decompositions"] for r in ranks]
-    return {"world": world, "strategy": strategy_name(cfg["fraction"], world), "fraction": cfg["fraction"],
+    return {"world": world, "strategy": strategy_name(world, first["grad_workers"]), "fraction": cfg["fraction"],
             "grad_workers": first["grad_workers"], "passes": cfg["passes"], "factor_dtype": cfg["factor_dtype"],
             "inv_dtype": cfg["inv_dtype"], "precision": f"{cfg['factor_dtype']}/{cfg['inv_dtype']}",
             "factors_stored_MB": first["factors_stored"] / MB, "window_buffer_MB": first["window_buffer"] / MB,
@@ -159,7 +135,7 @@ def summarise(single: list[dict[str, Any]], dist_rows: list[dict[str, Any]]) -> 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser("memory", __doc__)
-    p.add_argument("--size", default="mini", choices=[s for s in BERT_SIZES if s != "large"],
+    p.add_argument("--size", default="mini", choices=[s for s in SIZES if s != "large"],
                    help="BERT size (default: %(default)s)")
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--batch", type=int, default=4, help="micro-batch per pass (default: %(default)s)")

@@ -12,25 +12,24 @@ starting buckets, ``step()``'s factor_reduction stage, and the whole ``step()``.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import (
-    KAISA_SKIP,
-    bert_for_pretraining,
-    machine,
-    machine_line,
-    median,
-    parser,
-    pretraining_loss,
-    publish,
-    random_batch,
-    spawn,
-    table,
-)
+from benchmarks.harness.batches import random_batch
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from benchmarks.harness.output import publish, table
+from benchmarks.harness.processes import spawn
+from benchmarks.harness.timing import median, timed
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
+
+
+def _backward(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> None:
+    pretraining_loss(model, batch).backward()
 
 
 def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -51,16 +50,12 @@ def _rank(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, dict[str, flo
         for name, (model, kfac) in runs.items():
             model.zero_grad(set_to_none=True)
             dist.barrier()
-            start = time.perf_counter()
-            pretraining_loss(model, batch).backward()
-            fwd_bwd = time.perf_counter() - start
+            fwd_bwd = timed(partial(_backward, model, batch), cuda=False)
             launch = kfac.window_reducer().launch_seconds if kfac.structure is not None else 0.0
             for p in model.parameters():  # gradients averaged as DDP would (not timed)
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
-            start = time.perf_counter()
-            kfac.step()
-            step = time.perf_counter() - start
+            step = timed(kfac.step, cuda=False)
             kfac.window_reducer().launch_seconds = 0.0
             if i:
                 samples[name].append({"fwd_bwd_s": fwd_bwd, "hook_launch_s": launch,

@@ -20,13 +20,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from benchmarks.common import BERT_SIZES, KAISA_SKIP, machine, machine_line, parser, publish, table
+from benchmarks.harness.cli import parser
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.memory import MB
+from benchmarks.harness.options import STRATEGIES
+from benchmarks.harness.output import publish, table
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP, SIZES
 from kaisa_ds.plan.shapes import bert_shapes
 from kaisa_ds.plan.summary import make_plan
-
-STRATEGIES = {"MEM-OPT": "mem-opt", "HYBRID-OPT": "hybrid-opt", "COMM-OPT": "comm-opt"}
-MB = 2**20
 
 
 def simulate(*, size: str, worlds: list[int], micro_batch: int, seq: int, options: dict[str, Any]) -> list[dict]:
@@ -55,7 +57,7 @@ def simulate(*, size: str, worlds: list[int], micro_batch: int, seq: int, option
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = parser("scale_sim", __doc__)
-    p.add_argument("--size", default="large", choices=list(BERT_SIZES), help="BERT size (default: %(default)s)")
+    p.add_argument("--size", default="large", choices=list(SIZES), help="BERT size (default: %(default)s)")
     p.add_argument("--worlds", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--micro-batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=128)

@@ -23,12 +23,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.common import machine, machine_line, table, write_json
 from benchmarks.convergence import ablation, analysis
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
 from benchmarks.convergence.runner import RunSpec, run, sha256_of
+from benchmarks.harness.machine import machine, machine_line
+from benchmarks.harness.output import table, write_json
 
 logger = logging.getLogger("benchmarks.convergence")
 REPO = Path(__file__).resolve().parents[2]

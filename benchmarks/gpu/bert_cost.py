@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import machine
 from benchmarks.gpu.context import Context, save
-from benchmarks.step_cost import SideBySide, build_optimizer, measure
+from benchmarks.harness.machine import machine
+from benchmarks.harness.memory import peak_bytes
+from benchmarks.step_cost.measure import StepCostRun, build_optimizer, measure
+from kaisa_ds.enums import ComputeMethod
 
 REPO = Path(__file__).resolve().parents[2]
 PHASE1 = REPO / "ds_configs" / "bert_large_bf16_phase1_kfac.json"
@@ -49,8 +51,9 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float) -
         size="tiny" if smoke else "large", dtype=dtype, batch=batch, seq=16 if smoke else 128,
         vocab=300 if smoke else 30522, lr=6e-3, factor_every=2 if smoke else k["factor_every"],
         inv_every=4 if smoke else k["inv_every"], factor_dtype=k["factor_dtype"], sample_fraction=sample_fraction,
-        compute_method="eigen", inv_dtype=k["inv_dtype"], repeats=1 if smoke else ctx.args.repeats, warmup=1,
-        device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1, out=ctx.out / "gpu_step_cost.json")
+        compute_method=ComputeMethod.EIGEN, inv_dtype=k["inv_dtype"], repeats=1 if smoke else ctx.args.repeats,
+        warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
+        out=ctx.out / "gpu_step_cost.json")
 
 
 def free() -> None:
@@ -70,14 +73,14 @@ def largest_batch(ctx: Context, candidates: list[int], dtype: str) -> tuple[int,
         free()
         run = None
         try:
-            run = SideBySide(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=1.0), ctx.device)
+            run = StepCostRun(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=1.0), ctx.device)
             run.round(["factor"])
         except torch.OutOfMemoryError:
             tried.append({"batch": batch, "fits": False, "why": "out of memory"})
             continue
         finally:
             del run
-        peak = torch.cuda.max_memory_allocated() if total else 0
+        peak = peak_bytes(ctx.device) if total else 0
         fits = total is None or peak <= MEMORY_SHARE * total
         tried.append({"batch": batch, "fits": fits, "peak_gib": peak / 2**30})
         if fits:

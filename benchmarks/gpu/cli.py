@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"name the parts of this call with --part (of {', '.join(PARTS)}): all of them do not fit "
                       "in one 9-minute call")
     parts = args.part or [p for p in PARTS if p != "convergence"]
-    from benchmarks.common import machine, write_json
     from benchmarks.gpu.context import Context
+    from benchmarks.harness.machine import machine
+    from benchmarks.harness.output import write_json
 
     args.out.mkdir(parents=True, exist_ok=True)
     ctx = Context(out=args.out, smoke=args.cpu_smoke, args=args, deadline=started + args.budget)

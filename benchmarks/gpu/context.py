@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import write_json
+from benchmarks.harness.output import write_json
 
 
 @dataclass

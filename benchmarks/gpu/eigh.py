@@ -18,10 +18,12 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import machine, median, timed
 from benchmarks.gpu.bert_cost import PHASE1, kaisa_settings
 from benchmarks.gpu.context import Context, save
+from benchmarks.harness.machine import machine
+from benchmarks.harness.timing import median, timed
 from kaisa_ds.decomposition.decompose import decompose_all
+from kaisa_ds.enums import ComputeMethod
 
 SHARES = (0.01, 0.025)  # decomposition's part of the 5% K-FAC budget: the rest is statistics and preconditioning
 WORLDS = (1, 8)  # KAISA spreads decompositions over the ranks: one GPU, one 8-GPU node
@@ -55,8 +57,8 @@ def methods(mats: torch.Tensor) -> dict[str, Callable[[], Any]]:
         "eigh_loop": lambda: [torch.linalg.eigh(m) for m in mats],
         "eigh_batched": lambda: torch.linalg.eigh(mats),
         "eigh_streams": overlapped,
-        "kaisa_ds_eigen": lambda: decompose_all(named, method="eigen", **kw),
-        "kaisa_ds_inverse": lambda: decompose_all(named, method="inverse", **kw),
+        "kaisa_ds_eigen": lambda: decompose_all(named, method=ComputeMethod.EIGEN, **kw),
+        "kaisa_ds_inverse": lambda: decompose_all(named, method=ComputeMethod.INVERSE, **kw),
         "cholesky_inverse": lambda: torch.cholesky_inverse(torch.linalg.cholesky(damped)),
     }
 

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks import corpus_memory
+from benchmarks.harness.memory import MB
 
 
 def test_generated_text_has_the_size_asked_for(tmp_path: Path) -> None:
     path = corpus_memory.generate_text(tmp_path / "c.txt", megabytes=1.5)
-    assert path.stat().st_size == int(1.5 * corpus_memory.MB)
+    assert path.stat().st_size == int(1.5 * MB)
     assert path.read_text().count("\n\n") > 1000  # blank-line-separated documents
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.common import KAISA_SKIP
 from benchmarks.scale_sim import main
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.shapes import bert_shapes
 from kaisa_ds.plan.summary import make_plan
 

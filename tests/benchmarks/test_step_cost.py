@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.step_cost import STEP_STAGES, Interval, amortise, main
+from benchmarks.harness.interval import Interval, amortise
+from benchmarks.step_cost.cli import main
+from benchmarks.step_cost.measure import COMPONENTS, STEP_STAGES
 
 
 def test_interval_counts_every_kind_of_step_once_per_interval() -> None:
@@ -25,7 +27,7 @@ def test_amortise_weights_each_kind_by_its_count() -> None:
                                "factor_capture": 0.9, "precond_step": 4.0},
              "factor": {**zeros, "hook_extra": 1.0, "kfac_total": 1.0, "factor_capture": 0.9, "precond_step": 0.0},
              "plain": {**zeros, "preconditioning": 0.1, "kfac_total": 0.1, "precond_step": 0.1}}
-    res = amortise(kinds, Interval(5, 50), baseline_step=1.8)
+    res = amortise(kinds, Interval(5, 50), components=COMPONENTS, baseline_step=1.8)
     assert res["seconds_per_step"] == pytest.approx((5.0 + 9 * 1.0 + 40 * 0.1) / 50)  # 0.36 s
     assert res["overhead"] == pytest.approx(0.2)
     assert res["components_seconds_per_step"]["hook_extra"] == pytest.approx(10.0 / 50)

@@ -12,19 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.common import KAISA_SKIP, bert_for_pretraining, median
-from benchmarks.step_cost import Interval
-from benchmarks.versus_kfac_pytorch import (
-    COMPONENTS,
-    LIBRARIES,
-    amortise,
-    compare,
-    import_kfac,
-    main,
-    parse_args,
-    speedup,
-    summarise,
-)
+from benchmarks.harness.interval import Interval, amortise
+from benchmarks.harness.models import bert_for_pretraining
+from benchmarks.harness.timing import median
+from benchmarks.versus_kfac_pytorch.cli import main, parse_args
+from benchmarks.versus_kfac_pytorch.kfac_pytorch import import_kfac
+from benchmarks.versus_kfac_pytorch.measure import compare, speedup, summarise
+from benchmarks.versus_kfac_pytorch.settings import COMPONENTS, LIBRARIES
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 
 
 @pytest.mark.parametrize("argv", [
@@ -65,7 +60,7 @@ def test_amortise_weights_each_kind_by_its_count_and_the_ratio_is_kfp_over_kaisa
     kfp = {"decomposition": _kind(2.0, 8.0, 1.5, decomposition=7.0, preconditioning=0.2),
            "factor": _kind(2.0, 1.0, 1.5, preconditioning=0.2),
            "plain": _kind(0.1, 0.2, 0.0, preconditioning=0.2)}
-    am = amortise(kaisa, interval)
+    am = amortise(kaisa, interval, components=COMPONENTS)
     assert am["counts"] == {"decomposition": 1, "factor": 9, "plain": 40}
     assert am["seconds_per_step"] == pytest.approx((5.0 + 9 * 1.5 + 40 * 0.1) / 50)  # 0.45 s
     per = am["components_seconds_per_step"]
@@ -74,7 +69,7 @@ def test_amortise_weights_each_kind_by_its_count_and_the_ratio_is_kfp_over_kaisa
     assert per["factor_capture"] == pytest.approx(10 * 0.8 / 50)
     assert sum(per[c] for c in COMPONENTS) == pytest.approx(am["seconds_per_step"])  # the components add up
     # kfac-pytorch: (10 + 9 * 3 + 40 * 0.3) / 50 = 0.98 s/step, 0.98 / 0.45 = 2.178 times kaisa_ds
-    assert amortise(kfp, interval)["seconds_per_step"] == pytest.approx(0.98)
+    assert amortise(kfp, interval, components=COMPONENTS)["seconds_per_step"] == pytest.approx(0.98)
     summary = {"baseline_fwd_bwd": 2.0, "kaisa_ds": kaisa, "kfac-pytorch": kfp}
     cmp = compare(summary, interval)
     assert cmp["ratio_kfp_over_kaisa"] == pytest.approx(0.98 / 0.45)

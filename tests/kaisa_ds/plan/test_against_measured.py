@@ -10,10 +10,12 @@ import pytest
 import torch.distributed as dist
 
 from benchmarks.comm_volume import COUNTERS, PayloadCounter
-from benchmarks.common import KAISA_SKIP, bert_for_pretraining, pretraining_loss, random_batch
+from benchmarks.harness.batches import random_batch
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.plan.balance import assign
+from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.memory import memory_per_rank
 from kaisa_ds.plan.shapes import bert_shapes
 from kaisa_ds.plan.summary import make_plan

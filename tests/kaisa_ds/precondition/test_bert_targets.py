@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from benchmarks.common import bert_for_pretraining, pretraining_loss, random_batch
+from benchmarks.harness.batches import random_batch
+from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from tests.kaisa_ds.precondition.test_scale_invariance import cosines

@@ -1,0 +1,21 @@
+"""Names benchmark flags and tables use for kaisa_ds's options, mapped to kaisa_ds's own values at the CLI
+boundary: dtype names (kaisa_ds.config's map) and KAISA's strategies (kaisa_ds.enums)."""
+
+from __future__ import annotations
+
+import torch
+
+from kaisa_ds.config import DTYPES
+from kaisa_ds.enums import DistributedStrategy
+
+DTYPE_NAMES = ("fp32", "fp16", "bf16")  # what dtype flags accept; each a name in kaisa_ds.config.DTYPES
+# KAISA's names in tables and flags, in the order the benchmarks run them
+STRATEGIES: dict[str, DistributedStrategy] = {"MEM-OPT": DistributedStrategy.MEM_OPT,
+                                              "HYBRID-OPT": DistributedStrategy.HYBRID_OPT,
+                                              "COMM-OPT": DistributedStrategy.COMM_OPT}
+
+
+def autocast_dtype(name: str) -> torch.dtype | None:
+    """The autocast dtype of a ``--dtype`` name; None for fp32 (no autocast)."""
+    dtype = DTYPES[name]
+    return None if dtype == torch.float32 else dtype
