@@ -190,15 +190,21 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     return chosen
 
 
-def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: list[int],
-                 info: dict[str, Any]) -> dict[str, Any]:
-    out = args.results / regime.name
-    chosen_path = out / "chosen.json"
+def load_chosen(regime: Regime, parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    """The regime's recorded tuning choice, refused when missing or tuned at another scale, text or vocabulary."""
+    chosen_path = args.results / regime.name / "chosen.json"
     if not chosen_path.is_file():
         raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
                          f"{regime.name}{' --quick' if args.quick else ''}` first")
-    chosen = json.loads(chosen_path.read_text())
+    chosen: dict[str, Any] = json.loads(chosen_path.read_text())
     check_scale(chosen, regime, path=chosen_path, quick_scale=args.quick, parts=parts, vocab=args.vocab)
+    return chosen
+
+
+def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: list[int],
+                 info: dict[str, Any]) -> dict[str, Any]:
+    out = args.results / regime.name
+    chosen = load_chosen(regime, parts, args)
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
     jobs = [(seed, opt) for seed in seeds for opt in ("lamb", "kfac")]
     for seed, opt in tqdm(jobs, desc=f"final {regime.name}", unit="run"):
@@ -257,12 +263,7 @@ def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
     regime = regime_of(args.regime, args)
     parts = parts_of(args, regime)
     out = args.results / regime.name
-    chosen_path = out / "chosen.json"
-    if not chosen_path.is_file():
-        raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
-                         f"{regime.name}{' --quick' if args.quick else ''}` first")
-    chosen = json.loads(chosen_path.read_text())
-    check_scale(chosen, regime, path=chosen_path, quick_scale=args.quick, parts=parts, vocab=args.vocab)
+    chosen = load_chosen(regime, parts, args)
     seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
     result = ablation.ablation(regime=regime, parts=parts, chosen=chosen, seeds=seeds, damping=args.damping,
                                vocab=args.vocab, work=args.work, out=out, info=machine(), kfac_keys=kfac_keys)
