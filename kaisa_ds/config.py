@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, LossReduction, parse_enum
-from kaisa_ds.precondition.damping import Damping
 from kaisa_ds.schedules import Scalar, ScheduleLike, evaluate, schedule_from_spec
 
 DTYPES: dict[str, torch.dtype] = {
@@ -71,6 +70,24 @@ def check_range(name: str, value: Scalar | None) -> Scalar | None:
     if not ok:
         raise ValueError(f"{name}={value!r} is not valid; allowed: {_RANGE_TEXT[name]}")
     return value
+
+
+@dataclass(frozen=True)
+class Damping:
+    """The damping in force at one step: its value and what it is measured against (:class:`DampingMode`). How it
+    shifts each layer's curvature is :mod:`kaisa_ds.decomposition.damping`."""
+
+    mode: DampingMode
+    value: float
+
+    @property
+    def relative(self) -> bool:
+        return self.mode is DampingMode.RELATIVE
+
+    def describe(self) -> str:
+        if self.relative:
+            return f"relative_damping={self.value:g} (× each layer's mean eigenvalue of A ⊗ G)"
+        return f"damping={self.value:g} (absolute)"
 
 
 def _share(name: str, value: Any, of_what: str) -> float:
@@ -257,11 +274,14 @@ def damping_conflict(damping: Any, relative: Any, mode: Any, *, prefix: str) -> 
     if damping is not None and relative is not None:
         return (f"{prefix}damping and {prefix}relative_damping are both given: {prefix}damping is absolute, "
                 f"{prefix}relative_damping is relative to each layer's curvature scale; keep one of them")
-    mode_name = mode.value if isinstance(mode, DampingMode) else str(mode).strip().lower() if mode else None
-    if mode_name == "relative" and damping is not None:
+    try:
+        parsed = parse_enum(DampingMode, mode, name="damping_mode") if mode else None
+    except ValueError:
+        parsed = None  # not a mode at all: the field's own check names it
+    if parsed is DampingMode.RELATIVE and damping is not None:
         return (f"{prefix}damping_mode='relative' with {prefix}damping given ({prefix}damping is absolute): give "
                 f"{prefix}relative_damping instead, or drop {prefix}damping_mode")
-    if mode_name == "absolute" and relative is not None:
+    if parsed is DampingMode.ABSOLUTE and relative is not None:
         return (f"{prefix}damping_mode='absolute' with {prefix}relative_damping given: give {prefix}damping "
                 f"instead, or drop {prefix}damping_mode")
     return None

@@ -13,18 +13,13 @@ stops the run with a clear error instead of preconditioning with a stale decompo
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-_INDEX = re.compile(r"(?<=\.)\d+(?=\.)|^\d+(?=\.)")
-
-
-def layer_group(name: str) -> str:
-    """``bert.encoder.layer.3.output.dense`` → ``bert.encoder.layer.*.output.dense``."""
-    return _INDEX.sub("*", name)
+from kaisa_ds.enums import DampingMode
+from kaisa_ds.layers.groups import layer_group
 
 
 class DecompositionFailed(RuntimeError):
@@ -42,19 +37,21 @@ class Diagnostics:
     failed_decompositions: int = 0  # in total
     consecutive_failures: dict[str, int] = field(default_factory=dict)
     eigen_ranges: dict[str, torch.Tensor] = field(default_factory=dict)  # group.A|G -> (min, max) tensor
-    damping_mode: str = "relative"
+    damping_mode: DampingMode = DampingMode.RELATIVE
     effectiveness_due: bool = False  # set by a decomposition; the step's preconditioning then measures
     effectiveness: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> damping_share, cosine
     unpreconditioned: list[str] = field(default_factory=list)  # layers the last measurement could not precondition
     warned: set[str] = field(default_factory=set)  # kinds of effectiveness warnings already logged
 
     def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float,
-                    damping_mode: str = "relative") -> None:
+                    damping_mode: DampingMode) -> None:
         self.kl_scale, self.damping, self.lr, self.damping_mode = kl_scale, damping, lr, damping_mode
 
-    def record_effectiveness(self, figures: dict[str, tuple[float, float] | None], *, empty: list[str]) -> None:
+    def record_effectiveness(self, figures: dict[str, tuple[float, float] | None], *, empty: list[str],
+                             warned: set[str]) -> None:
         """Per layer (damping share, cosine to the raw gradient), or None where it was not preconditioned; kept
-        as the mean per layer group (see :mod:`kaisa_ds.precondition.effectiveness`)."""
+        as the mean per layer group (see :mod:`kaisa_ds.precondition.effectiveness`). ``warned``: the kinds of
+        warning just logged (each is logged once per run)."""
         by_group: dict[str, list[tuple[float, float]]] = {}
         for name, fig in figures.items():
             if fig is not None:
@@ -62,6 +59,7 @@ class Diagnostics:
         self.effectiveness = {g: {"damping_share": sum(f[0] for f in fs) / len(fs),
                                   "cosine": sum(f[1] for f in fs) / len(fs)} for g, fs in by_group.items()}
         self.unpreconditioned = sorted(set(empty) | {n for n, f in figures.items() if f is None})
+        self.warned |= warned
         self.effectiveness_due = False
 
     def record_decompositions(self, step: int, *, tried: list[str], failed: list[str]) -> None:
@@ -71,9 +69,11 @@ class Diagnostics:
         for name in tried:
             self.consecutive_failures[name] = self.consecutive_failures.get(name, 0) + 1 if name in failed else 0
 
-    def eigen_ranges_from(self, eigvals: dict[str, tuple[str, torch.Tensor]]) -> None:
-        """``{factor: (layer group label, eigenvalues)}`` of the decompositions this rank holds → min/max per
-        label (tensors; no host sync here)."""
+    def record_refresh(self, eigvals: dict[str, tuple[str, torch.Tensor]]) -> None:
+        """After new decompositions are in place: the step's preconditioning measures their effectiveness, and
+        ``{factor: (layer group label, eigenvalues)}`` of the decompositions this rank holds → min/max per label
+        (tensors; no host sync here)."""
+        self.effectiveness_due = True
         by_group: dict[str, list[torch.Tensor]] = {}
         for label, values in eigvals.values():
             by_group.setdefault(label, []).append(torch.stack([values.min(), values.max()]).float())
@@ -93,7 +93,7 @@ class Diagnostics:
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
-            "damping": self.damping, "damping_mode": self.damping_mode, "lr": self.lr,
+            "damping": self.damping, "damping_mode": self.damping_mode.value, "lr": self.lr,
             "decomposition_age": None if self.last_decomposition_step is None else step - self.last_decomposition_step,
             "skipped_windows": skipped_windows, "failed_decompositions": self.failed_decompositions,
             "eigenvalues": {k: {"min": v[0], "max": v[1]} for k, v in ranges.items()},

@@ -1,8 +1,10 @@
 """KFACPreconditioner: wires capture → factors → decomposition → communication → preconditioning.
 
-It is the one owner of the step's state (counters, structure, decompositions, caches); :mod:`kaisa_ds.step`
-and :mod:`kaisa_ds.checkpoint.state` work through its public attributes, and every change of the structure or of a
-loaded state is built aside and swapped in whole, so an error leaves the object usable.
+It is the one owner of the step's state (counters, structure, decompositions, caches) and the only module that
+assigns it: :mod:`kaisa_ds.step` reads it through :class:`~kaisa_ds.step.StepOwner` and hands back a
+:class:`~kaisa_ds.step.StepOutcome`; :mod:`kaisa_ds.checkpoint` reads it to save and hands back a
+:class:`~kaisa_ds.checkpoint.restore.Restored` to load. Every change of the structure or of a loaded state is built
+aside and swapped in whole, so an error leaves the object usable.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from kaisa_ds.checkpoint.state import export_state, validate_state
+from kaisa_ds.checkpoint.restore import restore_state
+from kaisa_ds.checkpoint.state import export_state
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, from_tensors
+from kaisa_ds.decomposition.decompose import Decomposition
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import rank, world_size
@@ -27,9 +30,9 @@ from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import Rows, keep_all
 from kaisa_ds.layers.discovery import KFACLayer, discover_layers
 from kaisa_ds.layers.hooks import HookCapture
-from kaisa_ds.layers.modules import GradAccessor, ParamGradAccessor
+from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccessor
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
-from kaisa_ds.step import STAGES, GradWatermark, run_step
+from kaisa_ds.step import STAGES, StepOutcome, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info
 from kaisa_ds.timing import StageTimer
 
@@ -181,7 +184,36 @@ class KFACPreconditioner:
     # ------------------------------------------------------------------ step
     def step(self) -> None:
         """Commit statistics, refresh decompositions, precondition and KL-clip the gradients."""
-        run_step(self)
+        outcome = run_step(self)
+        if outcome is not None:
+            self._apply(outcome)
+
+    def _apply(self, outcome: StepOutcome) -> None:
+        for kind, sent in outcome.comm_bytes.items():
+            self.comm_bytes[kind] = self.comm_bytes.get(kind, 0) + sent
+        if outcome.dropped:
+            self.drop_window()
+            logger.warning("K-FAC: non-finite statistics or gradients at step %d; window dropped on every rank "
+                           "and gradients left alone (%d skipped so far)", self.steps - 1, self.skipped_windows)
+            return
+        if outcome.decompositions is not None:  # the step rebuilt the grouped cache for them already
+            self.decompositions, self.needs_decomposition = outcome.decompositions, False
+        self.steps += 1
+
+    def drop_window(self) -> None:
+        """Count this window as skipped: drop its statistics and advance the step counter, leaving the gradients
+        alone (a step with non-finite values, or one the optimizer skips)."""
+        self.skipped_windows += 1
+        self.discard_window()
+        self.steps += 1
+
+    def use_decompositions(self, decompositions: dict[str, Decomposition], *, recompute: bool) -> None:
+        """Precondition with ``decompositions`` (of the factors this rank holds) from now on; ``recompute``: decompose
+        every factor again at the next step, whatever ``inv_update_steps`` says (a collective decision: pass the same
+        value on every rank)."""
+        self.decompositions = dict(decompositions)
+        self.grouped.invalidate()
+        self.needs_decomposition = recompute
 
     def discard_window(self) -> None:
         """Drop the statistics gathered since the last step (e.g. when the optimizer skipped it)."""
@@ -230,43 +262,19 @@ class KFACPreconditioner:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (same model, any world size). ValueError naming the problem when
-        it belongs to another model or is corrupt (nothing is changed then)."""
-        diagonal = {ly.a.name: ly.a.diagonal for ly in self.candidates.values()}
-        method = self.config.method.value
-        dropped = validate_state(state, discovered=self.discovered_info, diagonal=diagonal, method=method)
-        structure = None
-        if state["layers"] is not None:
-            saved = state["layers"]
-            same_input = {n: next(m for m in saved if saved[m]["a"] == info["a"])
-                          for n, info in saved.items() if not info["a"].startswith(f"{n}.")}
-            fresh = discover_layers(self.model, self.config)  # new factor objects: the old stay intact until swap
-            structure = build_structure(fresh, fired=set(saved), same_input=same_input, world=self.world,
-                                        rank=self.rank, grad_workers=self.grad_workers)
-            facs = structure.factors()
-            device = next(iter(structure.layers.values())).helper.weight.device
-            for name, saved_factor in state["factors"].items():
-                if name in facs:
-                    facs[name].restore(saved_factor, device)
-            self.candidates = fresh
-        self.structure = None
-        self._reducer = None
-        self.decompositions = {}
-        self._attach_all()
-        if structure is not None:
-            self.decompositions = self._loaded_decompositions(state, dropped)
-            self._install(structure)
-            present = set(state["decompositions"]) - set(dropped) if state["compute_method"] == method else set()
-            self.needs_decomposition = any(  # decided from the state alone: the same on every rank
-                f.has_value and n not in present for n, f in structure.factors().items())
-        self.steps = int(state["steps"])
-        self.skipped_windows = int(state["skipped_windows"])
-        self.watermark = GradWatermark()
+        it belongs to another model or is corrupt (nothing is changed then).
 
-    def _loaded_decompositions(self, state: dict[str, Any], dropped: list[str]) -> dict[str, Decomposition]:
-        method = self.config.method.value
-        if state["compute_method"] != method:
-            return {}
-        device = next(iter(self.candidates.values())).helper.weight.device
-        return {f: from_tensors([t.to(device=device, dtype=self.config.inv_dtype)  # type: ignore[arg-type]
-                                 for t in ts], method=method)
-                for f, ts in state["decompositions"].items() if f not in dropped}
+        Args:
+            state: a state from :meth:`state_dict` of a preconditioner of the same model (saved at any world size).
+        """
+        restored = restore_state(self, state)  # raises before anything here changes
+        if restored.candidates is not None:
+            self.candidates = restored.candidates
+        self.structure, self._reducer, self.decompositions = None, None, {}
+        self._attach_all()
+        if restored.structure is not None:
+            self.decompositions = restored.decompositions
+            self._install(restored.structure)
+            self.needs_decomposition = restored.needs_decomposition
+        self.steps, self.skipped_windows = restored.steps, restored.skipped_windows
+        self.watermark = GradWatermark()

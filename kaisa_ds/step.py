@@ -2,22 +2,26 @@
 
 Every check that can refuse a step runs before anything is changed, so an error leaves the preconditioner
 as it was; the state changes (factor commits, decompositions, gradients, the step counter) happen after.
-Each phase is a function over the preconditioner's public surface (:class:`StepOwner`).
+Each phase is a function over what the preconditioner shows a step (:class:`StepOwner`, read only): factors and
+gradients change through their own methods, and what changes of the preconditioner's own state (the step counter, a
+dropped window, new decompositions, bytes sent) comes back as a :class:`StepOutcome` that the preconditioner applies.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors, layout
+from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors
+from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.distributed.reduction import WindowReducer
-from kaisa_ds.layers.modules import GradAccessor, ParamGradAccessor
+from kaisa_ds.layers.modules import GradAccessor, GradWatermark
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
@@ -28,71 +32,75 @@ logger = logging.getLogger(__name__)
 
 STAGES = ("factor_capture", "factor_reduction", "decomposition", "preconditioning", "gradient_broadcast",
           "kl_clip", "write_grads")
+Decompositions = dict[str, Decomposition]
 
 
 class StepOwner(Protocol):
-    """What a step reads and changes: the preconditioner's public surface."""
+    """What a step reads of the preconditioner; it assigns none of it (its changes come back as a
+    :class:`StepOutcome`)."""
 
-    config: KFACConfig
-    grads: GradAccessor
-    world: int
-    rank: int
-    steps: int
-    skipped_windows: int
-    decompositions: dict[str, Decomposition]
-    grouped: GroupedPreconditioner
-    timer: StageTimer
-    comm_bytes: dict[str, int]
-    needs_decomposition: bool
-    watermark: GradWatermark
-    diagnostics: Diagnostics
+    @property
+    def config(self) -> KFACConfig: ...
+
+    @property
+    def grads(self) -> GradAccessor: ...
+
+    @property
+    def world(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def decompositions(self) -> Mapping[str, Decomposition]: ...
+
+    @property
+    def needs_decomposition(self) -> bool: ...
+
+    @property
+    def grouped(self) -> GroupedPreconditioner: ...
+
+    @property
+    def timer(self) -> StageTimer: ...
+
+    @property
+    def diagnostics(self) -> Diagnostics: ...
+
+    @property
+    def watermark(self) -> GradWatermark: ...
 
     def ensure_structure(self) -> LayerStructure: ...
 
     def loss_scale(self) -> float: ...
 
-    def discard_window(self) -> None: ...
-
     def take_capture_seconds(self) -> float: ...
 
     def window_reducer(self) -> WindowReducer: ...
 
-
-class GradWatermark:
-    """Remembers the gradient tensors a step wrote, to notice a second step without a new backward pass.
-
-    Only for gradients held in ``param.grad`` (the default accessor): the same tensor object at the same
-    version counter means nothing has touched it since K-FAC wrote it. Engines guard this themselves.
-    """
-
-    def __init__(self) -> None:
-        self._seen: list[tuple[weakref.ref[torch.Tensor], int]] = []
-
-    def record(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> None:
-        if not isinstance(accessor, ParamGradAccessor):
-            return
-        grads = [p.grad for p in params]
-        self._seen = [(weakref.ref(g), g._version) for g in grads if g is not None]
-
-    def unchanged(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> bool:
-        if not self._seen or not isinstance(accessor, ParamGradAccessor):
-            return False
-        grads = [p.grad for p in params if p.grad is not None]
-        return len(grads) == len(self._seen) and all(
-            ref() is g and g._version == version for (ref, version), g in zip(self._seen, grads))
+    def discard_window(self) -> None: ...
 
 
-def reduce_window(p: StepOwner, s: LayerStructure) -> dict[str, tuple[torch.Tensor, torch.Tensor | None]]:
+@dataclass
+class StepOutcome:
+    """What a step changed of the preconditioner's own state, for it to apply: every step advances the counter."""
+
+    dropped: bool = False  # a non-finite window was dropped on every rank and the gradients left alone
+    decompositions: Decompositions | None = None  # every decomposition in force after a refresh (None: unchanged)
+    comm_bytes: dict[str, int] = field(default_factory=dict)  # bytes this rank sent, per kind of collective
+
+
+def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
     """All-reduce (average) the window statistics of every factor (waiting on buckets the backward pass
     started); factors no rank captured are left out. Values are ``(payload, scale)``: see
-    :meth:`~kaisa_ds.factors.factor.KroneckerFactor.window_payload`.
+    :meth:`~kaisa_ds.factors.factor.KroneckerFactor.window_payload`; then the bytes this rank sent.
 
     Ranks that captured nothing for a factor send zeros; a per-factor count of contributing ranks
     keeps the average exact, and keeps every rank's bucket layout identical.
     """
-    reduced, sent = p.window_reducer().finish(s.factors())
-    p.comm_bytes["factor_allreduce"] = p.comm_bytes.get("factor_allreduce", 0) + sent
-    return reduced
+    return p.window_reducer().finish(s.factors())
 
 
 def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
@@ -113,57 +121,53 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
-def placeholder(p: StepOwner, s: LayerStructure, name: str) -> list[torch.Tensor]:
-    """Zeros shaped like a factor's decomposition tensors plus a validity flag (0: the sender has none)."""
+def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,
+            empty: bool = False) -> list[torch.Tensor]:
+    """Factor ``name``'s decomposition with a validity flag (:mod:`kaisa_ds.decomposition.flagged`); ``empty``:
+    the zeros a receiver hands to the broadcast."""
     f = s.factors()[name]
-    device = next(iter(s.layers.values())).helper.weight.device
-    dtype = p.config.inv_dtype
-    shapes = layout(f.dim, diagonal=f.diagonal, method=p.config.method.value) + [(1,)]
-    return [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]  # type: ignore[arg-type]
+    shape = {"diagonal": f.diagonal, "method": p.config.method, "dtype": p.config.inv_dtype,
+             "device": next(iter(s.layers.values())).helper.weight.device}
+    if empty:
+        return placeholder(f.dim, **shape)  # type: ignore[arg-type]
+    return with_flag(decompositions.get(name), f.dim, **shape)  # type: ignore[arg-type]
 
 
-def with_flag(p: StepOwner, s: LayerStructure, name: str) -> list[torch.Tensor]:
-    """A factor's decomposition tensors and a validity flag of 1 (the placeholder when there is none)."""
-    dec = p.decompositions.get(name)
-    if dec is None:
-        return placeholder(p, s, name)
-    tensors = dec.tensors()
-    return [*tensors, torch.ones(1, dtype=tensors[0].dtype, device=tensors[0].device)]
-
-
-def update_decompositions(p: StepOwner, s: LayerStructure) -> None:
-    """Decompose the factors this rank is assigned, then share them within worker groups."""
+def update_decompositions(p: StepOwner, s: LayerStructure) -> tuple[Decompositions, int]:
+    """Decompose the factors this rank is assigned, then share them within worker groups: every decomposition in
+    force afterwards (a factor whose decomposition failed keeps its previous one), and the bytes sent."""
     cfg = p.config
     mine = {name: (f.value, f.diagonal) for name, f in s.factors().items()
             if s.decomposes(name, p.rank) and f.has_value}
-    fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method.value,
+    fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method,
                           damping=cfg.damping_at(p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
                           out_dtype=cfg.inv_dtype)  # type: ignore[arg-type]
-    p.decompositions.update({n: d for n, d in fresh.items() if d is not None})
-    check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
-    local = {name: with_flag(p, s, name) for name in s.factors() if s.decomposes(name, p.rank)}
-    received = s.comm.broadcast_decompositions(s.unit_factors, local, lambda n: placeholder(p, s, n))
+    decs = {**p.decompositions, **{n: d for n, d in fresh.items() if d is not None}}
+    sent = check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
+    local = {name: flagged(p, s, decs, name) for name in s.factors() if s.decomposes(name, p.rank)}
+    received = s.comm.broadcast_decompositions(s.unit_factors, local, lambda n: flagged(p, s, decs, n, empty=True))
     if received:
         names = list(received)
         valid = torch.cat([received[n][-1].float() for n in names]).tolist()  # one host sync for all flags
-        p.decompositions.update({n: from_tensors(received[n][:-1], method=cfg.method.value)
-                                 for n, ok in zip(names, valid) if ok > 0})
+        decs.update({n: from_tensors(received[n][:-1], method=cfg.method) for n, ok in zip(names, valid) if ok > 0})
     p.grouped.invalidate()
-    p.diagnostics.effectiveness_due = True
-    p.diagnostics.eigen_ranges_from({f: (s.factor_labels[f], d.eigvals) for f, d in p.decompositions.items()
-                                     if d.eigvals is not None and f in s.factor_labels})
+    p.diagnostics.record_refresh({f: (s.factor_labels[f], d.eigvals) for f, d in decs.items()
+                                  if d.eigvals is not None and f in s.factor_labels})
+    return decs, sent
 
 
-def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed: list[str]) -> None:
-    """Count consecutive failures per factor; stop every rank alike once one factor exceeds the limit."""
+def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed: list[str]) -> int:
+    """Count consecutive failures per factor; stop every rank alike once one factor exceeds the limit. The bytes
+    sent to agree on it."""
     p.diagnostics.record_decompositions(p.steps, tried=tried, failed=failed)
     name, count = p.diagnostics.worst_failure()
     code = count * p.world + (p.world - 1 - p.rank)  # the longest run of failures, lowest rank on ties
+    sent = 0
     if p.world > 1:  # once per decomposition step: every rank must take the same decision
         device = next(iter(s.layers.values())).helper.weight.device
         flag = torch.tensor([code], dtype=torch.int64, device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        p.comm_bytes["decomposition_broadcast"] = p.comm_bytes.get("decomposition_broadcast", 0) + 8
+        sent = 8
         code = int(flag.item())
     worst_count, worst_rank = code // p.world, p.world - 1 - code % p.world
     limit = p.config.max_decomposition_failures
@@ -173,21 +177,38 @@ def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed:
             f"K-FAC: the decomposition of {where} failed {worst_count} times in a row (FP32 and FP64; "
             f"max_decomposition_failures={limit}): its factor is not finite or not symmetric positive semi-definite. "
             "Raise damping, lower the learning rate, or skip the layer with skip_layers")
+    return sent
 
 
-def precondition_local(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def precondition_local(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
+                       decs: Mapping[str, Decomposition]) -> dict[str, torch.Tensor]:
     """Precondition the layers this rank is a gradient worker for (unpreconditioned if no decomposition)."""
     pairs, out = {}, {}
     for name, layer in s.layers.items():
         if name not in grads or not s.preconditions(name, p.rank):
             continue
-        a, g = p.decompositions.get(layer.a.name), p.decompositions.get(layer.g.name)
+        a, g = decs.get(layer.a.name), decs.get(layer.g.name)
         if a is None or g is None:
             out[name] = grads[name]
         else:
             pairs[name] = (a, g)
     out.update(p.grouped.apply(grads, pairs, damping=p.config.damping_at(p.steps)))
     return out
+
+
+def check_effectiveness(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
+                        pre: dict[str, torch.Tensor], decs: Mapping[str, Decomposition]) -> None:
+    """Measure (:mod:`kaisa_ds.precondition.effectiveness`), record in the diagnostics and warn (rank 0, once per
+    kind of problem)."""
+    damping = p.config.damping_at(p.steps)
+    measured = {n for n, ly in s.layers.items()
+                if s.preconditions(n, p.rank) and ly.a.name in decs and ly.g.name in decs}
+    figures = effectiveness.measure(s.layers, grads, pre, measured=measured, damping=damping, world=p.world,
+                                    shifts=p.grouped.shifts() if p.grouped.eigen else None)
+    empty = effectiveness.empty_layers(s.layers)
+    warned = (effectiveness.warn(figures, empty=empty, damping=damping, warned=p.diagnostics.warned)
+              if p.rank == 0 else set())
+    p.diagnostics.record_effectiveness(figures, empty=empty, warned=warned)
 
 
 def broadcast_gradients(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
@@ -198,14 +219,15 @@ def broadcast_gradients(p: StepOwner, s: LayerStructure, grads: dict[str, torch.
     return pre
 
 
-def run_step(p: StepOwner) -> None:
-    """The whole K-FAC step (see the module docstring)."""
+def run_step(p: StepOwner) -> StepOutcome | None:
+    """The whole K-FAC step (see the module docstring); None when it did nothing (called again without a new
+    backward pass)."""
     s = p.ensure_structure()  # raises before changing anything when no layer fired
     params = [ly.helper.weight for ly in s.layers.values()]
     if p.watermark.unchanged(p.grads, params):
         logger.warning("K-FAC: step() called again without a new backward pass: the gradients are already "
                        "preconditioned; nothing done (step %d)", p.steps)
-        return
+        return None
     timer = p.timer
     timer.reset()
     timer.add("factor_capture", p.take_capture_seconds())
@@ -214,29 +236,31 @@ def run_step(p: StepOwner) -> None:
     if not grads:
         raise RuntimeError("K-FAC: no preconditioned layer has a gradient; call loss.backward() before "
                            "precond.step() (the step counter and the statistics are unchanged)")
+    outcome = StepOutcome()
+    window: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
     with timer.stage("factor_reduction"):
-        window = reduce_window(p, s) if step % p.config.value("factor_update_steps", step) == 0 else {}
+        if step % p.config.value("factor_update_steps", step) == 0:
+            window, outcome.comm_bytes["factor_allreduce"] = reduce_window(p, s)
     checked = [t for pair in window.values() for t in pair if t is not None]
     if not all_finite(checked + list(grads.values())):
-        p.skipped_windows += 1
-        p.discard_window()
-        logger.warning("K-FAC: non-finite statistics or gradients at step %d; window dropped on every rank "
-                       "and gradients left alone (%d skipped so far)", step, p.skipped_windows)
-        p.steps += 1
-        return
+        outcome.dropped = True
+        return outcome
     decay = p.config.value("factor_decay", step)
     factors = s.factors()
     for name, (stat, stat_scale) in window.items():
         factors[name].commit(stat, decay, stat_scale)
     p.discard_window()
+    decs = p.decompositions
     if step % p.config.value("inv_update_steps", step) == 0 or p.needs_decomposition:
         with timer.stage("decomposition"):
-            update_decompositions(p, s)
-        p.needs_decomposition = False
+            decs, sent = update_decompositions(p, s)
+        outcome.decompositions = decs
+        if sent:
+            outcome.comm_bytes["decomposition_broadcast"] = sent
     with timer.stage("preconditioning"):
-        pre = precondition_local(p, s, grads)
+        pre = precondition_local(p, s, grads, decs)
         if p.diagnostics.effectiveness_due:  # decomposition steps only: they sync anyway
-            effectiveness.check(p, s, grads, pre)
+            check_effectiveness(p, s, grads, pre, decs)
     with timer.stage("gradient_broadcast"):
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
@@ -245,12 +269,11 @@ def run_step(p: StepOwner) -> None:
         nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
               if kl is not None else None)
         damping = p.config.damping_at(step)
-        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode.value)
+        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
         scale = p.loss_scale()
         for n in names:
             out = pre[n] * nu if nu is not None else pre[n]
             s.layers[n].helper.write_grad(p.grads, out * scale if scale != 1.0 else out)
     p.watermark.record(p.grads, params)
-    p.steps += 1
-
+    return outcome

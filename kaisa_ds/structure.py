@@ -10,11 +10,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kaisa_ds.diagnostics import layer_group
 from kaisa_ds.distributed.assignment import Assignment, WorkUnit, assign_work
 from kaisa_ds.distributed.kaisa import KAISACommunicator
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.layers.discovery import KFACLayer, share_inputs
+from kaisa_ds.layers.groups import layer_group
 
 
 def factors_of(layers: dict[str, KFACLayer]) -> dict[str, KroneckerFactor]:

@@ -7,8 +7,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "kaisa_ds"
 
@@ -37,12 +35,6 @@ def _imports(name: str) -> set[str]:
 
 GRAPH = {name: _imports(name) for name in MODULES}
 
-# Open in issue 24 (the core part of the move): effectiveness <-> step and checkpoint.state <-> preconditioner cycles,
-# config/decomposition -> precondition.damping, checkpoint -> preconditioner/step, structure -> diagnostics. strict:
-# the day they are fixed these tests pass, the xfail fails, and the marker must go.
-OPEN_IN_ISSUE_24 = pytest.mark.xfail(strict=True, reason="issue 24: cycles and upward imports not yet removed")
-
-
 def _floors() -> dict[str, float]:
     """``place -> floor`` from ARCHITECTURE.md's table rows ``| floor | `a.py`, `b/` | ...``."""
     floors: dict[str, float] = {}
@@ -66,7 +58,6 @@ def test_every_kaisa_ds_module_has_a_floor_in_architecture_md() -> None:
     assert not missing, f"modules ARCHITECTURE.md does not place: {missing}"
 
 
-@OPEN_IN_ISSUE_24
 def test_imports_point_down_the_floors() -> None:
     floors = _floors()
     upward = []
@@ -81,7 +72,6 @@ def test_imports_point_down_the_floors() -> None:
     assert not upward, "\n".join(upward)
 
 
-@OPEN_IN_ISSUE_24
 def test_no_import_cycle() -> None:
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]

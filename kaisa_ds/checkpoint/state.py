@@ -1,29 +1,28 @@
-"""Saving and restoring the complete K-FAC state (factors, decompositions, counters, structure).
+"""Saving the complete K-FAC state (factors, decompositions, counters, structure) and checking a saved one.
 
 Decompositions live on their assigned ranks, so :func:`export_state` gathers them (one broadcast
 per source rank) and every rank returns the same dictionary. The sharded path (:mod:`kaisa_ds.checkpoint.shards`)
 avoids that gather: :func:`owned_state` is what one rank alone writes (the factors it decomposes and their
-decompositions) and :func:`adopt_decompositions` installs the decompositions a rank read back.
-:func:`validate_state` checks a state completely (version, keys, shapes, finite values) before
-:meth:`KFACPreconditioner.load_state_dict` changes anything, so a corrupt state is refused by name and
-leaves the preconditioner as it was; a non-finite decomposition is dropped with a warning and recomputed
-from its (finite) factor.
+decompositions). :func:`validate_state` checks a state completely (version, keys, shapes, finite values) before
+anything is restored (:mod:`kaisa_ds.checkpoint.restore`), so a corrupt state is refused by name and leaves the
+preconditioner as it was; a non-finite decomposition is dropped with a warning and recomputed from its (finite)
+factor. These functions read the preconditioner through :class:`StateOwner` and change none of it.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 
-from kaisa_ds.decomposition.decompose import Decomposition, from_tensors, layout
+from kaisa_ds.config import KFACConfig
+from kaisa_ds.decomposition.decompose import Decomposition, layout
+from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.distributed.collectives import broadcast_flat
-from kaisa_ds.step import placeholder, with_flag
-from kaisa_ds.structure import layer_info
-
-if TYPE_CHECKING:
-    from kaisa_ds.preconditioner import KFACPreconditioner
+from kaisa_ds.enums import ComputeMethod, parse_enum
+from kaisa_ds.structure import LayerStructure, layer_info
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -31,17 +30,49 @@ REQUIRED = ("version", "steps", "skipped_windows", "discovered", "layers", "fact
             "compute_method")
 
 
-def _gather_decompositions(p: KFACPreconditioner) -> dict[str, list[torch.Tensor]]:
+class StateOwner(Protocol):
+    """What saving reads of the preconditioner (the one owner of this state)."""
+
+    @property
+    def config(self) -> KFACConfig: ...
+
+    @property
+    def world(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def steps(self) -> int: ...
+
+    @property
+    def skipped_windows(self) -> int: ...
+
+    @property
+    def structure(self) -> LayerStructure | None: ...
+
+    @property
+    def decompositions(self) -> Mapping[str, Decomposition]: ...
+
+    @property
+    def discovered_info(self) -> dict[str, dict[str, Any]]: ...
+
+
+def _gather_decompositions(p: StateOwner) -> dict[str, list[torch.Tensor]]:
     s = p.structure
     if s is None:
         return {}
     facs = s.factors()
+    shape = {"method": p.config.method, "dtype": p.config.inv_dtype,
+             "device": next(iter(s.layers.values())).helper.weight.device}
     out: dict[str, list[torch.Tensor]] = {}
     for src in range(p.world):
         names = [f for f in facs if s.decomposes(f, src)]
         if not names:
             continue
-        parts = [with_flag(p, s, f) if src == p.rank else placeholder(p, s, f) for f in names]
+        parts = [with_flag(p.decompositions.get(f), facs[f].dim, diagonal=facs[f].diagonal, **shape)  # type: ignore[arg-type]
+                 if src == p.rank else placeholder(facs[f].dim, diagonal=facs[f].diagonal, **shape)  # type: ignore[arg-type]
+                 for f in names]
         flat = [t for ts in parts for t in ts]
         if p.world > 1:
             flat = broadcast_flat(flat, src=src, group=None)
@@ -54,7 +85,7 @@ def _gather_decompositions(p: KFACPreconditioner) -> dict[str, list[torch.Tensor
     return out
 
 
-def state_header(p: KFACPreconditioner) -> dict[str, Any]:
+def state_header(p: StateOwner) -> dict[str, Any]:
     """Everything of the state but its tensors (counters, structure, method): small, identical on every rank."""
     s = p.structure
     return {
@@ -63,11 +94,11 @@ def state_header(p: KFACPreconditioner) -> dict[str, Any]:
         "skipped_windows": p.skipped_windows,
         "discovered": p.discovered_info,
         "layers": layer_info(s.layers) if s is not None else None,
-        "compute_method": p.config.method.value,
+        "compute_method": p.config.method.value,  # a string in the file: the format is unchanged
     }
 
 
-def export_state(p: KFACPreconditioner) -> dict[str, Any]:
+def export_state(p: StateOwner) -> dict[str, Any]:
     """The state as plain tensors on CPU; identical on every rank."""
     s = p.structure
     return {
@@ -77,7 +108,7 @@ def export_state(p: KFACPreconditioner) -> dict[str, Any]:
     }
 
 
-def owned_state(p: KFACPreconditioner) -> dict[str, Any]:
+def owned_state(p: StateOwner) -> dict[str, Any]:
     """This rank's share, on CPU, with no communication: the factors it decomposes (each factor has exactly one
     such rank, so the shares of all ranks hold every factor once) and the decompositions it computed of them."""
     s = p.structure
@@ -87,50 +118,6 @@ def owned_state(p: KFACPreconditioner) -> dict[str, Any]:
     return {"factors": {f: s.factors()[f].export() for f in mine},
             "decompositions": {f: [t.detach().cpu().clone() for t in p.decompositions[f].tensors()]
                                for f in mine if f in p.decompositions}}
-
-
-def _dims_of(p: KFACPreconditioner) -> tuple[dict[str, int], dict[str, bool]]:
-    facs = p.structure.factors() if p.structure is not None else {}
-    return {n: f.dim for n, f in facs.items()}, {n: f.diagonal for n, f in facs.items()}
-
-
-def adopt_decompositions(p: KFACPreconditioner, found: dict[str, list[torch.Tensor]], *, source: str) -> None:
-    """Install decompositions read back for the factors this rank holds (after :meth:`load_state_dict` of the
-    rest); one that is missing, misshapen or not finite is recomputed from its factor at the next step, on every
-    rank alike (a collective under torch.distributed). ``source`` names the files in warnings."""
-    s = p.structure
-    if s is None:
-        return
-    dims, diagonal = _dims_of(p)
-    method = p.config.method.value
-    device = next(iter(s.layers.values())).helper.weight.device
-    kept: dict[str, Decomposition] = {}
-    for name, tensors in found.items():
-        if name in dims and s.holds(name, p.rank) and _usable(name, tensors, dim=dims[name],
-                                                               diagonal=diagonal[name], method=method, source=source):
-            kept[name] = from_tensors([t.to(device=device, dtype=p.config.inv_dtype, copy=True)  # type: ignore[arg-type]
-                                       for t in tensors], method=method)
-    p.decompositions = kept
-    p.grouped.invalidate()
-    missing = any(f.has_value and s.holds(n, p.rank) and n not in kept for n, f in s.factors().items())
-    if p.world > 1:  # a decomposition step is a collective: every rank must agree to run one
-        flag = torch.tensor([float(missing)], device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        missing = bool(flag.item() > 0)
-    p.needs_decomposition = missing
-
-
-def _usable(name: str, tensors: list[torch.Tensor], *, dim: int, diagonal: bool, method: str, source: str) -> bool:
-    want = layout(dim, diagonal=diagonal, method=method)
-    if [tuple(t.shape) for t in tensors] != want:
-        logger.warning("K-FAC state %s: the decomposition of %s has shapes %s, expected %s; it is recomputed from "
-                       "its factor", source, name, [tuple(t.shape) for t in tensors], want)
-        return False
-    if not all(bool(torch.isfinite(t.float()).all()) for t in tensors):
-        logger.warning("K-FAC state %s: the decomposition of %s is not finite; it is recomputed from its factor",
-                       source, name)
-        return False
-    return True
 
 
 def check_same_model(current: dict[str, dict[str, Any]], saved: dict[str, dict[str, Any]]) -> None:
@@ -159,11 +146,16 @@ def validate_saved_state(state: Any) -> list[str]:
     compute method), for checking a checkpoint without a model: raises ValueError, KeyError or TypeError."""
     discovered = state["discovered"]
     diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
-    return validate_state(state, discovered=discovered, diagonal=diagonal, method=str(state["compute_method"]))
+    return validate_state(state, discovered=discovered, diagonal=diagonal, method=saved_method(state))
+
+
+def saved_method(state: Mapping[str, Any]) -> ComputeMethod:
+    """The compute method a state (or a shard index) was saved with; ValueError when it names none."""
+    return parse_enum(ComputeMethod, state["compute_method"], name="K-FAC state: compute_method")
 
 
 def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagonal: dict[str, bool],
-                   method: str) -> list[str]:
+                   method: ComputeMethod) -> list[str]:
     """Raise ValueError naming the first problem of a state; return the decompositions that must be dropped
     (non-finite ones, recomputed from their factors)."""
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
@@ -191,7 +183,7 @@ def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagona
                 isinstance(scale, torch.Tensor) and not bool(torch.isfinite(scale).all())):
             raise ValueError(f"K-FAC state: factor {name} is not finite (corrupt checkpoint?)")
     dropped: list[str] = []
-    if state["compute_method"] != method:
+    if saved_method(state) is not method:
         return dropped
     for name, tensors in state["decompositions"].items():
         if name not in dims:

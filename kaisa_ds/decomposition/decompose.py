@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kaisa_ds.enums import DampingMode
-from kaisa_ds.precondition.damping import Damping
+from kaisa_ds.config import Damping
+from kaisa_ds.decomposition.damping import factor_shift
+from kaisa_ds.enums import ComputeMethod, DampingMode
 
 logger = logging.getLogger(__name__)
 BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call (a temporary copy)
@@ -26,7 +27,7 @@ BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call
 class Decomposition:
     """Eigen method: ``F = Q diag(λ) Qᵀ`` (Q is None for a diagonal factor).
     Inverse method: ``inverse = (F + γ·I)⁻¹`` (a vector for a diagonal factor), ``γ`` from
-    :meth:`Damping.factor_shift <kaisa_ds.precondition.damping.Damping.factor_shift>`."""
+    :func:`~kaisa_ds.decomposition.damping.factor_shift`."""
 
     eigvecs: torch.Tensor | None = None
     eigvals: torch.Tensor | None = None
@@ -42,16 +43,25 @@ class Decomposition:
         return all(bool(torch.isfinite(t).all()) for t in self.tensors())
 
 
-def layout(dim: int, *, diagonal: bool, method: str) -> list[tuple[int, ...]]:
+def stack_views(decs: list[Decomposition], attr: str) -> torch.Tensor:
+    """Stack the ``attr`` tensor (``eigvecs``, ``eigvals`` or ``inverse``) of every decomposition and point each
+    decomposition at its slot, so the stack is their one copy (what the grouped preconditioner multiplies by)."""
+    stacked = torch.stack([getattr(d, attr) for d in decs])
+    for i, d in enumerate(decs):
+        setattr(d, attr, stacked[i])
+    return stacked
+
+
+def layout(dim: int, *, diagonal: bool, method: ComputeMethod) -> list[tuple[int, ...]]:
     """Shapes of :meth:`Decomposition.tensors` for a factor of size ``dim`` (what a receiver allocates)."""
-    if method == "eigen":
+    if method is ComputeMethod.EIGEN:
         return [(dim,)] if diagonal else [(dim, dim), (dim,)]
     return [(dim,)] if diagonal else [(dim, dim)]
 
 
-def from_tensors(tensors: list[torch.Tensor], *, method: str) -> Decomposition:
+def from_tensors(tensors: list[torch.Tensor], *, method: ComputeMethod) -> Decomposition:
     """The inverse of :meth:`Decomposition.tensors`."""
-    if method != "eigen":
+    if method is not ComputeMethod.EIGEN:
         return Decomposition(inverse=tensors[0])
     if len(tensors) == 1:
         return Decomposition(eigvecs=None, eigvals=tensors[0])
@@ -75,7 +85,7 @@ def as_damping(damping: DampingLike) -> Damping:
 
 def _inverse(factor: torch.Tensor, dtype: torch.dtype, diagonal: bool, damping: DampingLike) -> Decomposition:
     f = factor.to(dtype)
-    shift = as_damping(damping).factor_shift(f, diagonal=diagonal)
+    shift = factor_shift(as_damping(damping), f, diagonal=diagonal)
     if diagonal:
         return Decomposition(inverse=1.0 / (f + shift))
     eye = torch.eye(f.shape[-1], dtype=dtype, device=f.device)
@@ -87,14 +97,15 @@ def _cast(dec: Decomposition, dtype: torch.dtype) -> Decomposition:
 
 
 def decompose(
-    factor: torch.Tensor, *, method: str, diagonal: bool, damping: DampingLike, compute_dtype: torch.dtype,
+    factor: torch.Tensor, *, method: ComputeMethod, diagonal: bool, damping: DampingLike, compute_dtype: torch.dtype,
     out_dtype: torch.dtype, name: str = "factor",
 ) -> Decomposition | None:
     """Decompose one factor; None when both the requested precision and FP64 fail."""
     dtypes = [compute_dtype] if compute_dtype == torch.float64 else [compute_dtype, torch.float64]
     for dtype in dtypes:
         try:
-            dec = _eigen(factor, dtype, diagonal) if method == "eigen" else _inverse(factor, dtype, diagonal, damping)
+            dec = (_eigen(factor, dtype, diagonal) if method is ComputeMethod.EIGEN
+                   else _inverse(factor, dtype, diagonal, damping))
         except (RuntimeError, torch.linalg.LinAlgError) as exc:  # type: ignore[misc]
             logger.warning("K-FAC: %s decomposition failed in %s (%s)", name, dtype, exc)
             continue
@@ -111,8 +122,8 @@ def _batches(names: list[str], dim: int) -> list[list[str]]:
 
 
 def decompose_all(
-    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: str, damping: DampingLike, compute_dtype: torch.dtype,
-    out_dtype: torch.dtype,
+    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: ComputeMethod, damping: DampingLike,
+    compute_dtype: torch.dtype, out_dtype: torch.dtype,
 ) -> dict[str, Decomposition | None]:
     """Decompose ``{name: (factor, diagonal)}``; dense factors of equal size go through one batched call.
 
@@ -134,7 +145,7 @@ def decompose_all(
     return {name: out[name] for name in factors}
 
 
-def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: str,
+def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: ComputeMethod,
                      damping: DampingLike, compute_dtype: torch.dtype,
                      out_dtype: torch.dtype) -> dict[str, Decomposition | None]:
     def one_by_one() -> dict[str, Decomposition | None]:
@@ -145,8 +156,8 @@ def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: li
         return one_by_one()
     stacked = torch.stack([factors[n][0].to(compute_dtype) for n in names])
     try:
-        dec = _eigen(stacked, compute_dtype, False) if method == "eigen" else _inverse(stacked, compute_dtype,
-                                                                                       False, damping)
+        dec = (_eigen(stacked, compute_dtype, False) if method is ComputeMethod.EIGEN
+               else _inverse(stacked, compute_dtype, False, damping))
     except (RuntimeError, torch.linalg.LinAlgError):  # type: ignore[misc]
         return one_by_one()
     del stacked

@@ -172,12 +172,10 @@ def skip_window(kfac: KFACPreconditioner) -> None:
     """Drop the window DeepSpeed is about to skip, as K-FAC drops a window of its own with non-finite values."""
     if kfac.structure is not None and kfac.config.overlap_factor_reduction:
         kfac.window_reducer().finish(kfac.structure.factors())  # complete the all-reduces the hooks started
-    kfac.skipped_windows += 1
-    kfac.discard_window()
     kfac.take_capture_seconds()
+    kfac.drop_window()
     logger.warning("kaisa_ds: DeepSpeed skips step %d (gradient overflow); the K-FAC window is dropped too "
-                   "(%d skipped so far)", kfac.steps, kfac.skipped_windows)
-    kfac.steps += 1
+                   "(%d skipped so far)", kfac.steps - 1, kfac.skipped_windows)
 
 
 def report_interval(engine: Any) -> int:

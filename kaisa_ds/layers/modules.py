@@ -7,6 +7,7 @@ For ``nn.Embedding`` the input is a one-hot over the vocabulary, so ``in`` is th
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -35,6 +36,30 @@ class ParamGradAccessor:
             param.grad = grad.to(param.dtype)
         else:
             param.grad.copy_(grad)
+
+
+class GradWatermark:
+    """Remembers the gradient tensors a step wrote, to notice a second step without a new backward pass.
+
+    Only for gradients held in ``param.grad`` (the default accessor): the same tensor object at the same
+    version counter means nothing has touched it since K-FAC wrote it. Engines guard this themselves.
+    """
+
+    def __init__(self) -> None:
+        self._seen: list[tuple[weakref.ref[torch.Tensor], int]] = []
+
+    def record(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> None:
+        if not isinstance(accessor, ParamGradAccessor):
+            return
+        grads = [p.grad for p in params]
+        self._seen = [(weakref.ref(g), g._version) for g in grads if g is not None]
+
+    def unchanged(self, accessor: GradAccessor, params: list[torch.nn.Parameter]) -> bool:
+        if not self._seen or not isinstance(accessor, ParamGradAccessor):
+            return False
+        grads = [p.grad for p in params if p.grad is not None]
+        return len(grads) == len(self._seen) and all(
+            ref() is g and g._version == version for (ref, version), g in zip(self._seen, grads))
 
 
 class ModuleHelper:

@@ -14,6 +14,7 @@ import torch
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import layout
 from kaisa_ds.distributed.assignment import Assignment
+from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.plan.shapes import ModelShapes
 
 
@@ -55,7 +56,7 @@ class RankMemory:
         return self.factors + self.window + self.decompositions + self.denominators
 
 
-def decomposition_numel(dim: int, diagonal: bool, *, method: str) -> int:
+def decomposition_numel(dim: int, diagonal: bool, *, method: ComputeMethod) -> int:
     """Elements of one factor's decomposition (eigenvectors and eigenvalues, or the inverse)."""
     total = 0
     for shape in layout(dim, diagonal=diagonal, method=method):
@@ -66,13 +67,13 @@ def decomposition_numel(dim: int, diagonal: bool, *, method: str) -> int:
     return total
 
 
-def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: str) -> int:
+def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: ComputeMethod) -> int:
     """Elements of GroupedPreconditioner's cache for the layers one rank preconditions.
 
     Eigen: one ``(out, in)`` matrix per layer. Inverse: a diagonal A's inverse per layer, or one scalar per
     group of layers with equal shapes (and equal sharing of their A factor).
     """
-    if method == "eigen":
+    if method is ComputeMethod.EIGEN:
         return sum(shapes.layers[n].grad_numel for n in layers)
     readers: dict[str, int] = {}
     for n in layers:
@@ -89,7 +90,7 @@ def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: str) ->
 
 def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACConfig) -> list[RankMemory]:
     """Steady-state K-FAC bytes of every rank, inside a factor window (the window buffers are open)."""
-    method = config.method.value
+    method = config.method
     inv = element_size(config.inv_dtype)  # type: ignore[arg-type]
     stored = sum(f.numel for f in shapes.factors.values()) * element_size(factor_dtype(config))
     window = window_bytes(shapes, config)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaisa_ds.enums import ComputeMethod
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -26,13 +28,14 @@ class Rates:
     step_seconds: float | None = None  # a measured baseline step (forward+backward+optimizer) of this run
     network_gbps: float | None = None  # per-rank bandwidth for the collectives (None: not counted)
 
-    def decomposition_seconds(self, n: int, *, diagonal: bool, method: str) -> float:
+    def decomposition_seconds(self, n: int, *, diagonal: bool, method: ComputeMethod) -> float:
         if diagonal:
             return 0.0  # a vector operation: negligible
-        table = self.eigh_seconds if method == "eigen" else self.inverse_seconds
+        eigen = method is ComputeMethod.EIGEN
+        table = self.eigh_seconds if eigen else self.inverse_seconds
         if not table:
-            raise ValueError(f"no {'eigh' if method == 'eigen' else 'inverse'} timing: give "
-                             f"--{'eigh' if method == 'eigen' else 'inverse'}-seconds SIZE=SECONDS or --calibration")
+            kind = "eigh" if eigen else "inverse"
+            raise ValueError(f"no {kind} timing: give --{kind}-seconds SIZE=SECONDS or --calibration")
         m = min(table, key=lambda size: abs(math.log(size / n)))
         return table[m] * (n / m) ** 3
 

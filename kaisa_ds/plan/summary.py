@@ -7,6 +7,7 @@ from typing import Any
 
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
+from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.factors.sampling import kept_passes
 from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank
@@ -41,7 +42,7 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig) -> dict[str,
         factors={n: (f.dim, f.diagonal) for n, f in shapes.factors.items()},
         layers={n: (ly.grad_numel, ly.unit) for n, ly in shapes.layers.items()},
         inverse_worker=a.inverse_worker, unit_group=a.unit_group, world=a.world, grad_workers=a.grad_workers,
-        symmetric=statistics_packed(config), method=config.method.value,
+        symmetric=statistics_packed(config), method=config.method,
         stat_bytes=element_size(statistics_dtype(config)), inv_bytes=element_size(config.inv_dtype))  # type: ignore[arg-type]
     period, counts = step_counts(config.value("factor_update_steps", 0), config.value("inv_update_steps", 0))
     kinds = {k.name: k for k in STEP_KINDS if k.name in counts}
@@ -63,11 +64,11 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig) -> dict[str,
 def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates, *, tokens: int, passes: int,
              traffic_plan: dict[str, Any], baseline_flops: float | None) -> dict[str, Any]:
     """Predicted K-FAC seconds per kind of step and amortised; as a share of the baseline step when known."""
-    method = config.method.value
+    method = config.method
     rows = tokens * config.factor_sample_fraction
     stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
-    per_flop = 4 if method == "eigen" else 2
+    per_flop = 4 if method is ComputeMethod.EIGEN else 2
     precondition = [0.0] * a.world
     decompose = [0.0] * a.world
     for ly in shapes.layers.values():

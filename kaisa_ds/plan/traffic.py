@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.plan.memory import decomposition_numel
 
 STAGES = ("factor_allreduce", "decomposition_broadcast", "gradient_broadcast")
@@ -48,14 +49,15 @@ def factor_payload(n: int, diagonal: bool, *, symmetric: bool) -> int:
     return n if diagonal else (n * (n + 1) // 2 if symmetric else n * n)
 
 
-def decomposition_payload(n: int, diagonal: bool, *, method: str = "eigen") -> int:
+def decomposition_payload(n: int, diagonal: bool, *, method: ComputeMethod = ComputeMethod.EIGEN) -> int:
     """Elements of one factor's decomposition broadcast: its tensors and the validity flag."""
     return decomposition_numel(n, diagonal, method=method) + 1
 
 
 def payload_per_rank(*, factors: Mapping[str, tuple[int, bool]], layers: Mapping[str, tuple[int, str]],
                      inverse_worker: Mapping[str, int], unit_group: Mapping[str, int], world: int,
-                     grad_workers: int, symmetric: bool, method: str = "eigen", stat_bytes: int = 4,
+                     grad_workers: int, symmetric: bool, method: ComputeMethod = ComputeMethod.EIGEN,
+                     stat_bytes: int = 4,
                      inv_bytes: int = 4) -> dict[str, list[float]]:
     """Each rank's payload per stage on a step where that stage runs (see the module docstring).
 

@@ -16,16 +16,14 @@ all-reduce and one host sync there (decomposition steps sync anyway); nothing on
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping
 
 import torch
 
-from kaisa_ds.diagnostics import layer_group
-from kaisa_ds.precondition.damping import Damping
-
-if TYPE_CHECKING:
-    from kaisa_ds.step import StepOwner
-    from kaisa_ds.structure import LayerStructure
+from kaisa_ds.config import Damping
+from kaisa_ds.decomposition.damping import factor_shift
+from kaisa_ds.layers.discovery import KFACLayer
+from kaisa_ds.layers.groups import layer_group
 
 logger = logging.getLogger(__name__)
 DOMINATED_SHARE = 0.5  # damping share over this: damping outweighs most of the layer's curvature
@@ -33,29 +31,28 @@ RESCALED_COSINE = 0.99  # preconditioned gradient this close to the raw one: pre
 Figures = dict[str, tuple[float, float] | None]  # layer -> (damping share, cosine); None: not preconditioned
 
 
-def _layer_gamma(p: StepOwner, s: LayerStructure, name: str, damping: Damping,
-                 shifts: dict[str, torch.Tensor]) -> torch.Tensor | None:
-    """The layer's ``γ`` (eigen) or ``γ_A γ_G`` (inverse); None when it cannot be known here."""
-    if p.grouped.eigen:
-        return shifts.get(name)
-    layer = s.layers[name]
+def _layer_gamma(layer: KFACLayer, damping: Damping, shifts: Mapping[str, torch.Tensor] | None) -> torch.Tensor | None:
+    """The layer's ``γ`` (eigen: from ``shifts``) or ``γ_A γ_G`` (inverse: ``shifts`` is None); None when it cannot
+    be known here."""
+    if shifts is not None:
+        return shifts.get(layer.name)
     if layer.a.value is None or layer.g.value is None:
         return None
-    gamma_a = damping.factor_shift(layer.a.value.float(), diagonal=layer.a.diagonal)
-    gamma_g = damping.factor_shift(layer.g.value.float(), diagonal=False)
+    gamma_a = factor_shift(damping, layer.a.value.float(), diagonal=layer.a.diagonal)
+    gamma_g = factor_shift(damping, layer.g.value.float(), diagonal=False)
     return torch.as_tensor(gamma_a * gamma_g, dtype=torch.float32).reshape(())  # type: ignore[operator]
 
 
-def local_figures(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor],
-                  pre: dict[str, torch.Tensor], damping: Damping) -> torch.Tensor:
-    """``(layers, 3)``: damping share, cosine and 1 for the layers this rank preconditioned, zeros elsewhere."""
-    shifts = p.grouped.shifts() if p.grouped.eigen else {}
-    device = next(iter(s.layers.values())).helper.weight.device
+def local_figures(layers: Mapping[str, KFACLayer], grads: Mapping[str, torch.Tensor], pre: Mapping[str, torch.Tensor],
+                  *, measured: Collection[str], shifts: Mapping[str, torch.Tensor] | None,
+                  damping: Damping) -> torch.Tensor:
+    """``(layers, 3)``: damping share, cosine and 1 for the ``measured`` layers (those this rank preconditioned with
+    both decompositions), zeros elsewhere."""
+    device = next(iter(layers.values())).helper.weight.device
     rows = []
-    for name, layer in s.layers.items():
-        held = layer.a.name in p.decompositions and layer.g.name in p.decompositions
-        gamma = (_layer_gamma(p, s, name, damping, shifts)
-                 if held and name in grads and name in pre and s.preconditions(name, p.rank) else None)
+    for name, layer in layers.items():
+        gamma = (_layer_gamma(layer, damping, shifts) if name in measured and name in grads and name in pre
+                 else None)
         if gamma is None:
             rows.append(torch.zeros(3, device=device))
             continue
@@ -67,31 +64,39 @@ def local_figures(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor
     return torch.stack(rows)
 
 
-def gather(p: StepOwner, s: LayerStructure, table: torch.Tensor) -> Figures:
+def gather(layers: Mapping[str, KFACLayer], table: torch.Tensor, *, world: int) -> Figures:
     """Every layer's figures on every rank (one all-reduce of a few floats per layer, one host sync)."""
-    if p.world > 1:
+    if world > 1:
         torch.distributed.all_reduce(table, op=torch.distributed.ReduceOp.SUM)
     out: Figures = {}
-    for name, (share, cos, count) in zip(s.layers, table.tolist()):
+    for name, (share, cos, count) in zip(layers, table.tolist()):
         out[name] = (share / count, cos / count) if count > 0 else None
     return out
 
 
-def check(p: StepOwner, s: LayerStructure, grads: dict[str, torch.Tensor], pre: dict[str, torch.Tensor]) -> None:
-    """Measure, record in ``p.diagnostics`` and warn (rank 0, once per kind of problem)."""
-    damping = p.config.damping_at(p.steps)
-    figures = gather(p, s, local_figures(p, s, grads, pre, damping))
-    empty = [n for n, ly in s.layers.items() if not (ly.a.has_value and ly.g.has_value)]
-    p.diagnostics.record_effectiveness(figures, empty=empty)
-    if p.rank == 0:
-        warn(figures, empty=empty, damping=damping, warned=p.diagnostics.warned)
+def measure(layers: Mapping[str, KFACLayer], grads: Mapping[str, torch.Tensor], pre: Mapping[str, torch.Tensor], *,
+            measured: Collection[str], shifts: Mapping[str, torch.Tensor] | None, damping: Damping,
+            world: int) -> Figures:
+    """Every layer's (damping share, cosine to the raw gradient) on every rank, from the ``measured`` layers of all
+    ranks (a collective under torch.distributed). ``shifts``: the eigen method's ``γ`` per layer; None for the
+    inverse method (its shifts are recomputed from the factors)."""
+    table = local_figures(layers, grads, pre, measured=measured, shifts=shifts, damping=damping)
+    return gather(layers, table, world=world)
 
 
-def warn(figures: Figures, *, empty: list[str], damping: Damping, warned: set[str]) -> None:
+def empty_layers(layers: Mapping[str, KFACLayer]) -> list[str]:
+    """Layers with a factor that holds no statistics yet (unused, or no sampled token reached them)."""
+    return [n for n, ly in layers.items() if not (ly.a.has_value and ly.g.has_value)]
+
+
+def warn(figures: Figures, *, empty: list[str], damping: Damping, warned: Collection[str]) -> set[str]:
+    """Log each kind of problem the figures show (rescaled gradient, pointing away, unpreconditioned layers) unless
+    it is in ``warned`` already; the kinds logged now."""
+    logged: set[str] = set()
     measured = {n: f for n, f in figures.items() if f is not None}
     rescaled = sorted(n for n, (share, cos) in measured.items() if share > DOMINATED_SHARE and cos >= RESCALED_COSINE)
     if measured and len(rescaled) > len(measured) / 2 and "rescaled" not in warned:
-        warned.add("rescaled")
+        logged.add("rescaled")
         fix = ("lower relative_damping" if damping.relative else
                "remove damping to use the scale-aware default (relative_damping), or lower damping")
         logger.warning("K-FAC has become a rescaled gradient: with %s, damping outweighs most of the curvature in %d "
@@ -101,16 +106,17 @@ def warn(figures: Figures, *, empty: list[str], damping: Damping, warned: set[st
                        fix, "relative_damping" if damping.relative else "damping")
     away = sorted(n for n, (_, cos) in measured.items() if cos < 0)
     if away and "away" not in warned:
-        warned.add("away")
+        logged.add("away")
         logger.warning("K-FAC: the preconditioned gradient points away from the raw gradient in %d layers (%s): "
                        "the decompositions are stale or broken; raise the damping (%s) or decompose more often "
                        "(inv_update_steps)", len(away), ", ".join(away[:8]), damping.describe())
     missing = sorted(set(empty) | {n for n, f in figures.items() if f is None})
     if missing and "empty" not in warned:
-        warned.add("empty")
+        logged.add("empty")
         logger.warning("K-FAC: %d layers were not preconditioned at this decomposition (empty factors: the layer "
                        "was unused or no sampled token reached it, or it has no gradient or decomposition): %s",
                        len(missing), ", ".join(missing[:12]) + (" ..." if len(missing) > 12 else ""))
+    return logged
 
 
 def _groups(layers: list[str]) -> str:

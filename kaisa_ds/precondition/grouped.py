@@ -3,7 +3,7 @@ eigenvalue denominators.
 
 Eigen method: ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + γ)] Q_Aᵀ``. Inverse method: ``(G + γ_G·I)⁻¹ ∇
 (A + γ_A·I)⁻¹`` (the shifts were added at decomposition). ``γ`` is per layer: absolute, or relative to the
-layer's own eigenvalues (:mod:`kaisa_ds.precondition.damping`).
+layer's own eigenvalues (:mod:`kaisa_ds.decomposition.damping`).
 Diagonal factors (embedding inputs) have no eigenvectors: their rotation is the identity.
 
 Between two decompositions only the gradients change, so everything else a step needs is built once:
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kaisa_ds.decomposition.decompose import Decomposition
-from kaisa_ds.precondition.damping import Damping
+from kaisa_ds.config import Damping
+from kaisa_ds.decomposition.damping import eigen_shift
+from kaisa_ds.decomposition.decompose import Decomposition, stack_views
 
 Pair = tuple[Decomposition, Decomposition]  # (A, G)
 
@@ -50,14 +51,6 @@ def _key(a: Decomposition, g: Decomposition) -> tuple[object, ...]:
     mats = (g.eigvecs, a.eigvecs, a.eigvals) if g.eigvals is not None else (g.inverse, a.inverse)
     return tuple((tuple(t.shape), t.dtype, t.device) if t is not None else None for t in mats) + (
         a.eigvecs is None and a.inverse is not None and a.inverse.dim() == 1,)
-
-
-def _stack(decs: list[Decomposition], attr: str) -> torch.Tensor:
-    """Stack one matrix per decomposition and point each decomposition at its slot (no second copy)."""
-    stacked = torch.stack([getattr(d, attr) for d in decs])
-    for i, d in enumerate(decs):
-        setattr(d, attr, stacked[i])
-    return stacked
 
 
 class GroupedPreconditioner:
@@ -95,18 +88,18 @@ class GroupedPreconditioner:
         names = [n for run in runs for n in run]
         a_decs, g_decs = [pairs[run[0]][0] for run in runs], [pairs[n][1] for n in names]
         if self.eigen:
-            g_mats = _stack(g_decs, "eigvecs")
-            a_mats = _stack(a_decs, "eigvecs") if a_decs[0].eigvecs is not None else None
-            lam_g = _stack(g_decs, "eigvals")
-            lam_a = _stack(a_decs, "eigvals").repeat_interleave(len(runs[0]), 0)
-            shift = damping.eigen_shift(lam_g, lam_a)
+            g_mats = stack_views(g_decs, "eigvecs")
+            a_mats = stack_views(a_decs, "eigvecs") if a_decs[0].eigvecs is not None else None
+            lam_g = stack_views(g_decs, "eigvals")
+            lam_a = stack_views(a_decs, "eigvals").repeat_interleave(len(runs[0]), 0)
+            shift = eigen_shift(damping, lam_g, lam_a)
             scale = torch.baddbmm(shift, lam_g.unsqueeze(2), lam_a.unsqueeze(1)).reciprocal_()
             return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale, shift=shift)
-        g_mats = _stack(g_decs, "inverse")
+        g_mats = stack_views(g_decs, "inverse")
         dense_a = a_decs[0].inverse is not None and a_decs[0].inverse.dim() == 2
-        a_mats = _stack(a_decs, "inverse") if dense_a else None
+        a_mats = stack_views(a_decs, "inverse") if dense_a else None
         scale = (torch.ones((), dtype=g_mats.dtype, device=g_mats.device) if dense_a
-                 else _stack(a_decs, "inverse").repeat_interleave(len(runs[0]), 0).unsqueeze(1))
+                 else stack_views(a_decs, "inverse").repeat_interleave(len(runs[0]), 0).unsqueeze(1))
         return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale)
 
     def apply(self, grads: dict[str, torch.Tensor], pairs: dict[str, Pair], *,

@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from kaisa_ds import KFACConfig, KFACPreconditioner
-from kaisa_ds.diagnostics import DecompositionFailed, layer_group
+from kaisa_ds.diagnostics import DecompositionFailed
 from kaisa_ds.engine.monitor import kfac_events
+from kaisa_ds.layers.groups import layer_group
 from tests.support.launch import run_distributed
 from tests.support.models import TinyMLP, TinyTransformerish
 
@@ -111,13 +112,13 @@ def test_effectiveness_is_measured_at_decompositions_only_and_reported(monkeypat
     from kaisa_ds.precondition import effectiveness
 
     calls: list[int] = []
-    real = effectiveness.check
+    real = effectiveness.measure
 
-    def counting(*args: Any) -> None:
-        calls.append(args[0].steps)
-        real(*args)
+    def counting(*args: Any, **kwargs: Any) -> effectiveness.Figures:
+        calls.append(precond.steps)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(effectiveness, "check", counting)
+    monkeypatch.setattr(effectiveness, "measure", counting)
     torch.manual_seed(0)
     model = TinyTransformerish()
     precond = KFACPreconditioner(model, inv_update_steps=3)
@@ -150,14 +151,14 @@ def test_layers_with_empty_factors_are_named(caplog: pytest.LogCaptureFixture) -
 
 
 def test_preconditioning_that_points_away_from_the_gradient_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    from kaisa_ds.config import Damping
     from kaisa_ds.enums import DampingMode
-    from kaisa_ds.precondition.damping import Damping
     from kaisa_ds.precondition.effectiveness import warn
 
     warned: set[str] = set()
     figures: dict[str, tuple[float, float] | None] = {"l.0.fc": (0.2, -0.3), "l.1.fc": (0.2, 0.5)}
     for _ in range(2):
-        warn(figures, empty=[], damping=Damping(DampingMode.RELATIVE, 1.0), warned=warned)
+        warned |= warn(figures, empty=[], damping=Damping(DampingMode.RELATIVE, 1.0), warned=warned)
     away = [r.getMessage() for r in caplog.records if "points away" in r.getMessage()]
     assert len(away) == 1 and "l.0.fc" in away[0] and "l.1.fc" not in away[0]
 

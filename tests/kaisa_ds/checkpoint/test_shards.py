@@ -78,7 +78,7 @@ def _reference(*, recompute_at_split: bool = False) -> list[float]:
     model, precond, opt = _make()
     data = _data()
     first = _train(model, precond, opt, data[:SPLIT])
-    precond.needs_decomposition = recompute_at_split
+    precond.use_decompositions(precond.decompositions, recompute=recompute_at_split)
     return first + _train(model, precond, opt, data[SPLIT:])
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kaisa_ds.decomposition.decompose import decompose
+from kaisa_ds.enums import ComputeMethod
 
 
 def _spd(n: int) -> torch.Tensor:
@@ -16,7 +17,7 @@ def _spd(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("storage", [torch.float16, torch.bfloat16, torch.float32])
 def test_eigen_reconstructs_factor_from_half_storage(storage: torch.dtype) -> None:
     f = _spd(12).to(storage)
-    dec = decompose(f, method="eigen", diagonal=False, damping=0.0, compute_dtype=torch.float32,
+    dec = decompose(f, method=ComputeMethod.EIGEN, diagonal=False, damping=0.0, compute_dtype=torch.float32,
                     out_dtype=torch.float32)
     assert dec is not None and dec.eigvecs is not None and dec.eigvals is not None
     assert dec.eigvecs.dtype == torch.float32 and (dec.eigvals >= 0).all()
@@ -26,12 +27,12 @@ def test_eigen_reconstructs_factor_from_half_storage(storage: torch.dtype) -> No
 
 def test_inverse_is_damped_inverse_and_diagonal_is_elementwise() -> None:
     f = _spd(6)
-    dec = decompose(f, method="inverse", diagonal=False, damping=0.1, compute_dtype=torch.float64,
+    dec = decompose(f, method=ComputeMethod.INVERSE, diagonal=False, damping=0.1, compute_dtype=torch.float64,
                     out_dtype=torch.bfloat16)
     assert dec is not None and dec.inverse is not None and dec.inverse.dtype == torch.bfloat16
     torch.testing.assert_close(dec.inverse.double() @ (f.double() + 0.1 * torch.eye(6, dtype=torch.float64)),
                                torch.eye(6, dtype=torch.float64), rtol=0, atol=3e-2)
-    d = decompose(torch.tensor([1.0, 3.0]), method="inverse", diagonal=True, damping=1.0,
+    d = decompose(torch.tensor([1.0, 3.0]), method=ComputeMethod.INVERSE, diagonal=True, damping=1.0,
                   compute_dtype=torch.float32, out_dtype=torch.float32)
     assert d is not None and torch.equal(d.inverse, torch.tensor([0.5, 0.25]))
 
@@ -39,5 +40,5 @@ def test_inverse_is_damped_inverse_and_diagonal_is_elementwise() -> None:
 def test_non_finite_factor_returns_none() -> None:
     f = _spd(4)
     f[0, 0] = float("nan")
-    assert decompose(f, method="eigen", diagonal=False, damping=0.1, compute_dtype=torch.float32,
+    assert decompose(f, method=ComputeMethod.EIGEN, diagonal=False, damping=0.1, compute_dtype=torch.float32,
                      out_dtype=torch.float32) is None
