@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from bert_pretrain import faults
-from bert_pretrain.files import write_atomic
+from kaisa_ds.checkpoint.atomic import write_atomic
 from kaisa_ds.engine.checkpoint import check_saved_state
 
 logger = logging.getLogger(__name__)

@@ -1,23 +1,10 @@
-"""Writing files so that a crash never leaves one half-written: a temporary file, fsync, then os.replace."""
+"""Writing a file only when its content changes, so a rerun keeps its mtime (and what depends on it stays valid)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` in one step: readers see the old file or the new one, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+from kaisa_ds.checkpoint.atomic import write_atomic
 
 
 def write_if_changed(path: Path, data: bytes) -> bool:

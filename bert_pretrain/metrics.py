@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.files import write_atomic
+from kaisa_ds.checkpoint.atomic import write_atomic
 from kaisa_ds.report.metrics_log import MetricsError, read_rows
 
 logger = logging.getLogger(__name__)

@@ -27,12 +27,12 @@ from bert_pretrain.data.loader import MicroBatches, check_enough_examples, load_
 from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase, read_coverage, unk_share
 from bert_pretrain.data.tokenizer import load_tokenizer, vocab_digest
 from bert_pretrain.evaluation import evaluate, most_frequent_target
-from bert_pretrain.files import write_atomic
 from bert_pretrain.intervals import interval_warnings
 from bert_pretrain.metrics import MetricsError, MetricsLog, plot_losses
 from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
 from bert_pretrain.pins import check_pins, data_pins
 from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary, given_vocab
+from kaisa_ds.checkpoint.atomic import write_atomic
 from kaisa_ds.engine.launch import init_distributed
 
 logger = logging.getLogger("bert_pretrain")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kaisa_ds.checkpoint.atomic import write_atomic
 from mission.jobs import launch
 
 logger = logging.getLogger("mission")
@@ -70,6 +71,4 @@ class StageRecord:
 
     def _save(self, key: str, value: dict[str, Any]) -> None:
         self.stages[key] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.stages, indent=1))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps(self.stages, indent=1).encode())  # a crash keeps the last whole record

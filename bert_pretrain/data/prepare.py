@@ -49,7 +49,7 @@ from bert_pretrain.data.tokenizer import (
     vocab_digest,
     vocab_tokens,
 )
-from bert_pretrain.files import write_atomic
+from kaisa_ds.checkpoint.atomic import write_atomic
 
 logger = logging.getLogger(__name__)
 PHASES = {1: (128, 20), 2: (512, 80)}  # max_seq_length, max_predictions_per_seq

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.data.errors import DataError
-from bert_pretrain.files import write_atomic
+from kaisa_ds.checkpoint.atomic import write_atomic
 
 logger = logging.getLogger(__name__)
 

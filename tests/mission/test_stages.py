@@ -92,3 +92,20 @@ def test_a_stage_that_starts_over_is_told_to_replace_its_old_output(tmp_path: Pa
     record.run("p1", "bert_pretrain", ["--max-steps", "6"], **common)
     assert [a for _, a in launches] == [["--crash", "--overwrite"], ["--crash", "--resume"],
                                         ["--max-steps", "6", "--overwrite"]]
+
+
+def test_the_record_is_durable_before_the_stage_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A power loss during a stage must not lose the record that it started (a rerun resumes it): the file and its
+    folder are fsynced before the launch."""
+    import os
+
+    synced: list[str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
+
+    def fake_launch(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        assert str(tmp_path) in synced and any(".stages.json" in p for p in synced)  # the folder and the file
+        return 1.0
+
+    monkeypatch.setattr(stages, "launch", fake_launch)
+    _run(tmp_path, ["--max-steps", "5"])
