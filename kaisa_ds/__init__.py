@@ -3,7 +3,8 @@
 ``KFACPreconditioner`` works with any torch optimizer, single-process or under ``torch.distributed``;
 ``initialize`` is a drop-in for ``deepspeed.initialize`` that reads the config's ``kfac`` section;
 ``enable_kfac(trainer)`` and ``attach_to_accelerator(accelerator)`` do the same for the HF Trainer and accelerate.
-Heavy modules (DeepSpeed) are imported lazily so ``import kaisa_ds`` stays cheap.
+Heavy modules (DeepSpeed) are imported lazily so ``import kaisa_ds`` stays cheap. Every name in ``__all__`` is
+described, argument by argument, in docs/API.md.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.enums import ComputeMethod, DistributedStrategy, LossReduction
+from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, LossReduction
 from kaisa_ds.schedules import StepSchedule
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ComputeMethod",
+    "DampingMode",
     "DistributedStrategy",
     "KFACConfig",
     "KFACPreconditioner",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 
 from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, LossReduction, parse_enum
-from kaisa_ds.schedules import Scalar, ScheduleLike, evaluate, schedule_from_spec
+from kaisa_ds.schedules import SCHEDULED, ScheduleLike, check_range, evaluate, schedule_from_spec
 
 DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
@@ -28,23 +27,6 @@ GradWorkerFraction = float | DistributedStrategy | str
 DEFAULT_RELATIVE_DAMPING = 100.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
 
-# (lower, upper, lower inclusive) for each scheduled hyperparameter; checked whenever a value is evaluated.
-_RANGES: dict[str, tuple[float, float, bool]] = {
-    "damping": (0.0, math.inf, False),
-    "relative_damping": (0.0, math.inf, False),
-    "factor_decay": (0.0, 1.0, True),
-    "kl_clip": (0.0, math.inf, False),
-    "lr": (0.0, math.inf, True),
-    "factor_update_steps": (1, math.inf, True),
-    "inv_update_steps": (1, math.inf, True),
-}
-_RANGE_TEXT = {
-    "damping": "> 0", "relative_damping": "> 0", "factor_decay": "in [0, 1)", "kl_clip": "> 0 (or None to disable)",
-    "lr": ">= 0",
-    "factor_update_steps": "an integer >= 1", "inv_update_steps": "an integer >= 1",
-}
-
-
 def parse_dtype(value: torch.dtype | str | None, *, name: str, allow_none: bool = False) -> torch.dtype | None:
     """A torch dtype from a dtype or its name (``fp16``, ``bfloat16``, ...)."""
     if value is None and allow_none:
@@ -55,21 +37,6 @@ def parse_dtype(value: torch.dtype | str | None, *, name: str, allow_none: bool 
         return DTYPES[value.lower().removeprefix("torch.")]
     raise ValueError(f"{name}={value!r} is not valid; allowed values: fp32, fp16, bf16, fp64" +
                      (" or None" if allow_none else ""))
-
-
-def check_range(name: str, value: Scalar | None) -> Scalar | None:
-    """Raise ValueError naming ``name`` and its allowed range when ``value`` is outside it."""
-    if value is None and name in ("kl_clip", "damping", "relative_damping"):
-        return None
-    lo, hi, lo_incl = _RANGES[name]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and name.endswith("_steps"):
-        ok = float(value).is_integer()  # type: ignore[arg-type]
-    if ok:
-        ok = (value >= lo if lo_incl else value > lo) and value < hi  # type: ignore[operator]
-    if not ok:
-        raise ValueError(f"{name}={value!r} is not valid; allowed: {_RANGE_TEXT[name]}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -100,17 +67,46 @@ def _share(name: str, value: Any, of_what: str) -> float:
 
 @dataclass
 class KFACConfig:
-    """Every K-FAC option, validated once at construction.
+    """Every K-FAC option, validated once at construction (a bad value raises ValueError naming the option and
+    its allowed values). Enum-like options also take their string values; after construction they are the enums.
 
-    Scheduled options (``damping``, ``relative_damping``, ``factor_decay``, ``kl_clip``, ``lr``,
-    ``factor_update_steps``, ``inv_update_steps``) take a number or a callable ``step -> value``; callables are
-    range-checked each time they are evaluated (:meth:`value`).
+    Scheduled options (``factor_update_steps``, ``inv_update_steps``, ``damping``, ``relative_damping``,
+    ``factor_decay``, ``kl_clip``, ``lr``) take a number or a callable ``step -> value``
+    (:class:`~kaisa_ds.schedules.StepSchedule` is KAISA's step decay); callables are range-checked each time they are
+    evaluated (:meth:`value`). Damping: give ``damping`` (absolute) or ``relative_damping``, not both; neither:
+    relative, :data:`DEFAULT_RELATIVE_DAMPING`; ``damping_mode="absolute"`` alone: :data:`DEFAULT_ABSOLUTE_DAMPING`.
 
-    Damping (see :class:`~kaisa_ds.enums.DampingMode`): ``damping`` is ABSOLUTE (added to the eigenvalues as
-    given, as before); ``relative_damping`` is a multiple of each layer's own curvature scale, so the loss's scale
-    does not matter. Neither given: relative, :data:`DEFAULT_RELATIVE_DAMPING`. ``damping_mode="absolute"``
-    without ``damping``: :data:`DEFAULT_ABSOLUTE_DAMPING`. Giving both values, or a mode that contradicts the
-    value given, is an error.
+    Args:
+        factor_update_steps: steps between factor updates (statistics captured and folded into the running average).
+        inv_update_steps: steps between decompositions of the factors (eigendecompositions or damped inverses).
+        damping: absolute damping ``γ``, added to the eigenvalues of ``A ⊗ G`` (eigen) or to each factor's diagonal
+            (inverse) as given; None: relative damping.
+        relative_damping: damping as a multiple of each layer's mean eigenvalue of ``A ⊗ G``, so scaling the loss
+            leaves every preconditioned direction unchanged.
+        damping_mode: :class:`~kaisa_ds.enums.DampingMode`; None: absolute when ``damping`` is given, else relative.
+        factor_decay: ``ξ`` of the running average ``F ← ξ F + (1 − ξ) F_new``, in [0, 1).
+        kl_clip: bound on the KL size of the preconditioned step (KAISA's KL clip); None disables the clip.
+        lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
+        compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions or damped inverses.
+        grad_worker_fraction: share of ranks that precondition each layer, in [1/world, 1], or a
+            :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world).
+        factor_dtype: storage dtype of the factors (``fp16``/``bf16`` keep a power-of-two scale); None: FP32.
+        inv_dtype: dtype decompositions are stored and applied in.
+        decomposition_dtype: dtype decompositions are computed in, ``fp32`` or ``fp64`` (a failure is retried in FP64).
+        skip_layers: regular expressions; a module whose name (search) or class name (full match) matches is not
+            preconditioned.
+        symmetry_aware: all-reduce only the upper triangle of the symmetric factor statistics (about half the bytes).
+        allreduce_bucket_cap_mb: payload per bucket of factor all-reduces, in MiB.
+        overlap_factor_reduction: start the factor all-reduces during the window's last backward pass.
+        accumulation_steps: backward passes per :meth:`KFACPreconditioner.step` (DeepSpeed: its
+            ``gradient_accumulation_steps``); None: unknown, so no overlap.
+        loss_scale: callable returning the current loss scale (fp16): gradients and G statistics are divided by it.
+        loss_reduction: :class:`~kaisa_ds.enums.LossReduction`: how the loss was reduced over samples, which sets the
+            per-sample scaling of output gradients.
+        factor_sample_fraction: share of rows (tokens) whose statistics feed the factors; 1: all, exact.
+        factor_pass_fraction: share of an accumulation window's backward passes whose statistics feed the factors.
+        max_decomposition_failures: consecutive failed decompositions of one factor after which every rank stops
+            with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
     """
 
     factor_update_steps: ScheduleLike = 1
@@ -159,11 +155,9 @@ class KFACConfig:
             self._compiled_skip = [re.compile(p) for p in self.skip_layers]
         except re.error as exc:
             raise ValueError(f"skip_layers contains an invalid regular expression: {exc}") from exc
-        if not isinstance(self.symmetry_aware, bool):
-            raise ValueError(f"symmetry_aware={self.symmetry_aware!r} is not valid; allowed: true or false")
-        if not isinstance(self.overlap_factor_reduction, bool):
-            raise ValueError(f"overlap_factor_reduction={self.overlap_factor_reduction!r} is not valid; allowed: true "
-                             "or false")
+        for flag in ("symmetry_aware", "overlap_factor_reduction"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag}={getattr(self, flag)!r} is not valid; allowed: true or false")
         steps = self.accumulation_steps
         if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
             raise ValueError(f"accumulation_steps={steps!r} is not valid; allowed: an integer >= 1 (backward passes "
@@ -182,7 +176,7 @@ class KFACConfig:
                              "consecutive failed decompositions of one factor after which training stops)")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
-        for name in _RANGES:
+        for name in SCHEDULED:
             raw = getattr(self, name)
             if not callable(raw):
                 check_range(name, raw)
@@ -201,7 +195,12 @@ class KFACConfig:
         return float(value)
 
     def value(self, name: str, step: int) -> Any:
-        """The range-checked value of scheduled option ``name`` at ``step``."""
+        """The range-checked value of a scheduled option at a step.
+
+        Args:
+            name: a scheduled option (``damping``, ``lr``, ``inv_update_steps``, ...).
+            step: the K-FAC step the value is for.
+        """
         raw = evaluate(getattr(self, name), step)
         checked = check_range(name, raw)
         return int(checked) if name.endswith("_steps") and checked is not None else checked
@@ -214,7 +213,11 @@ class KFACConfig:
         return DampingMode.ABSOLUTE if self.damping is not None else DampingMode.RELATIVE
 
     def damping_at(self, step: int) -> Damping:
-        """The damping in force at ``step``: its mode and its range-checked value."""
+        """The damping in force: its mode and its range-checked value.
+
+        Args:
+            step: the K-FAC step the damping is for.
+        """
         if self.mode is DampingMode.ABSOLUTE:
             value = DEFAULT_ABSOLUTE_DAMPING if self.damping is None else self.value("damping", step)
         else:
@@ -229,17 +232,27 @@ class KFACConfig:
 
     @property
     def method(self) -> ComputeMethod:
+        """``compute_method`` as the enum."""
         return ComputeMethod(self.compute_method)
 
     def skips(self, module_name: str, class_name: str) -> bool:
-        """True when a ``skip_layers`` regex matches the module's name or its class name."""
+        """Whether ``skip_layers`` excludes a module.
+
+        Args:
+            module_name: the module's name in ``model.named_modules()`` (a pattern matches it anywhere).
+            class_name: the module's class name (a pattern must match it whole).
+        """
         return any(p.search(module_name) or p.fullmatch(class_name) for p in self._compiled_skip)
 
     @classmethod
     def from_dict(cls, section: Mapping[str, Any], **overrides: Any) -> KFACConfig:
-        """Build from a JSON-style mapping (the DeepSpeed ``kfac`` section, without ``enabled``).
+        """Build from a JSON-style mapping; unknown keys and wrong types fail here, naming ``kfac.<key>`` and the
+        allowed values.
 
-        Unknown keys and wrong types fail here, naming the key and the allowed values.
+        Args:
+            section: the DeepSpeed config's ``kfac`` section without ``enabled`` (and ``auto_step``); schedules as
+                ``{"initial", "milestones", "factor"}``.
+            overrides: options that replace the section's (e.g. ``loss_scale``, which JSON cannot hold).
         """
         names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "loss_scale"}
         unknown = sorted(set(section) - names)

@@ -9,14 +9,24 @@ E = TypeVar("E", bound=enum.Enum)
 
 
 class ComputeMethod(str, enum.Enum):
-    """How a layer's Kronecker factors are turned into a preconditioner."""
+    """How a layer's Kronecker factors are turned into a preconditioner (``KFACConfig.compute_method``).
+
+    ``eigen`` (the default): eigendecompositions of A and G; the damping is added to the eigenvalues of ``A ⊗ G``
+    at preconditioning, so changing it needs no new decomposition. ``inverse``: damped inverses
+    ``(A + γ_A I)⁻¹`` and ``(G + γ_G I)⁻¹``, cheaper to apply, the damping fixed at decomposition.
+    """
 
     EIGEN = "eigen"
     INVERSE = "inverse"
 
 
 class DistributedStrategy(str, enum.Enum):
-    """KAISA's named points on the memory/communication trade-off (grad_worker_fraction)."""
+    """KAISA's named points on the memory/communication trade-off (``KFACConfig.grad_worker_fraction``).
+
+    ``comm-opt``: every rank holds every decomposition and preconditions every layer (fraction 1: most memory, no
+    gradient broadcast). ``mem-opt``: one rank per layer decomposes, preconditions and broadcasts its gradient
+    (fraction 1/world: least memory). ``hybrid-opt``: half the ranks per layer (fraction 1/2).
+    """
 
     COMM_OPT = "comm-opt"  # fraction 1: every rank holds every decomposition
     HYBRID_OPT = "hybrid-opt"  # fraction 1/2 (when the world size allows it)

@@ -18,10 +18,10 @@ from torch import nn
 from kaisa_ds.checkpoint.restore import restore_state
 from kaisa_ds.checkpoint.state import export_state
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition
+from kaisa_ds.decomposition.decompose import Decomposition, storage_bytes
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
-from kaisa_ds.distributed.collectives import rank, world_size
+from kaisa_ds.distributed.collectives import on_any_rank, rank, world_size
 from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import ComputeMethod, LossReduction
@@ -40,11 +40,21 @@ logger = logging.getLogger(__name__)
 
 
 class KFACPreconditioner:
-    """Distributed K-FAC gradient preconditioner (KAISA). Call :meth:`step` after the gradients are
-    complete (reduced across ranks) and before ``optimizer.step()``.
+    """Distributed K-FAC gradient preconditioner (KAISA), for any torch optimizer, in one process or under
+    torch.distributed. Call :meth:`step` after the gradients are complete (reduced across ranks) and before
+    ``optimizer.step()``: it replaces each layer's gradient by ``(A ⊗ G + γI)⁻¹ ∇``, KL-clipped.
 
-    Options are :class:`~kaisa_ds.config.KFACConfig` fields, as keywords or as ``config=``
-    (keywords win). ``grad_accessor`` says where gradients live (default ``param.grad``).
+    Args:
+        model: the model whose trainable ``nn.Linear``, ``nn.Conv2d`` and ``nn.Embedding`` modules are preconditioned
+            (capture hooks are attached to them here).
+        config: every option at once (:class:`~kaisa_ds.config.KFACConfig`); None: the defaults.
+        grad_accessor: where gradients are read and written (:class:`~kaisa_ds.layers.modules.GradAccessor`);
+            None: ``param.grad``. Engines pass their own.
+        options: :class:`~kaisa_ds.config.KFACConfig` fields as keywords; they override ``config``'s.
+
+    Read, never assign: ``config``, ``steps`` (K-FAC steps taken), ``skipped_windows``, ``layers``, ``structure``,
+    ``decompositions``, ``world``, ``rank``, ``grad_workers``; :meth:`load_state_dict`, :meth:`drop_window` and
+    :meth:`use_decompositions` are the ways to change them.
     """
 
     def __init__(self, model: nn.Module, *, config: KFACConfig | None = None,
@@ -101,6 +111,7 @@ class KFACPreconditioner:
         return self._capture_cache[1]
 
     def loss_scale(self) -> float:
+        """The loss scale in force (``config.loss_scale()``; 1 without one): gradients are divided by it."""
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
 
     def _select(self, factor: KroneckerFactor) -> Rows:
@@ -141,8 +152,7 @@ class KFACPreconditioner:
 
     def take_capture_seconds(self) -> float:
         """Seconds spent in the hooks since the last call (reported as the step's factor_capture stage)."""
-        seconds, self.capture.seconds = self.capture.seconds, 0.0
-        return seconds
+        return self.capture.take_seconds()
 
     # ------------------------------------------------------------- structure
     def factors(self) -> dict[str, KroneckerFactor]:
@@ -152,7 +162,8 @@ class KFACPreconditioner:
     def ensure_structure(self) -> LayerStructure:
         """The structure, built on the first step from the layers whose hooks fired on any rank."""
         if self.structure is None:
-            fired = self._agreed(self.capture.fired)
+            device = next(iter(self.candidates.values())).helper.weight.device  # every rank keeps the same layers
+            fired = on_any_rank({n: n in self.capture.fired for n in self.candidates}, device=device)
             with_grad = set() if fired else {  # only to word the error; the same decision on every rank
                 n for n, ly in self.candidates.items() if self.grads.get(ly.helper.weight) is not None}
             self._install(build_structure(self.candidates, fired=fired, same_input=self.capture.same_input,
@@ -171,15 +182,6 @@ class KFACPreconditioner:
                                       world=self.world, group=self._reduce_group)
         self.decompositions = {f: d for f, d in self.decompositions.items() if structure.holds(f, self.rank)}
         self.grouped.invalidate()
-
-    def _agreed(self, fired: set[str]) -> set[str]:
-        """Layers whose hooks fired on any rank, so every rank keeps the same layers (one-time collective)."""
-        if self.world == 1:
-            return set(fired)
-        device = next(iter(self.candidates.values())).helper.weight.device
-        flags = torch.tensor([float(n in fired) for n in self.candidates], device=device)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        return {n for n, f in zip(self.candidates, flags.tolist()) if f > 0}
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
@@ -208,9 +210,13 @@ class KFACPreconditioner:
         self.steps += 1
 
     def use_decompositions(self, decompositions: dict[str, Decomposition], *, recompute: bool) -> None:
-        """Precondition with ``decompositions`` (of the factors this rank holds) from now on; ``recompute``: decompose
-        every factor again at the next step, whatever ``inv_update_steps`` says (a collective decision: pass the same
-        value on every rank)."""
+        """Precondition with the given decompositions from now on.
+
+        Args:
+            decompositions: factor name -> decomposition, for the factors this rank holds.
+            recompute: decompose every factor again at the next step, whatever ``inv_update_steps`` says (a
+                collective decision: pass the same value on every rank).
+        """
         self.decompositions = dict(decompositions)
         self.grouped.invalidate()
         self.needs_decomposition = recompute
@@ -242,18 +248,11 @@ class KFACPreconditioner:
     def memory_usage(self) -> dict[str, int]:
         """Bytes held by factors (with any open window buffer), by decompositions and by the cached
         preconditioning denominators on this rank."""
-        seen: set[int] = set()
-        dec_bytes = 0
-        for d in self.decompositions.values():  # views of one stacked tensor count once
-            for t in d.tensors():
-                key = t.untyped_storage().data_ptr()
-                if key not in seen:
-                    seen.add(key)
-                    dec_bytes += t.untyped_storage().nbytes()
-        return {"factors": sum(f.nbytes() for f in self.factors().values()), "decompositions": dec_bytes,
-                "denominators": self.grouped.nbytes()}
+        return {"factors": sum(f.nbytes() for f in self.factors().values()),
+                "decompositions": storage_bytes(self.decompositions.values()), "denominators": self.grouped.nbytes()}
 
     def remove_hooks(self) -> None:
+        """Detach every capture hook from the model (the preconditioner then learns nothing new)."""
         self.capture.remove_all()
 
     def state_dict(self) -> dict[str, Any]:

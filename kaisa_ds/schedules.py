@@ -1,7 +1,9 @@
-"""Hyperparameter schedules: constants, callables, and KAISA's step-wise decay."""
+"""Hyperparameter schedules: constants, callables, and KAISA's step-wise decay; the range each scheduled value must
+stay in, checked whenever it is evaluated."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,13 +11,49 @@ from typing import Any
 Scalar = float | int
 ScheduleLike = Scalar | Callable[[int], Scalar]
 
+# (lower, upper, lower inclusive) for each scheduled hyperparameter; checked whenever a value is evaluated.
+SCHEDULED: dict[str, tuple[float, float, bool]] = {
+    "damping": (0.0, math.inf, False),
+    "relative_damping": (0.0, math.inf, False),
+    "factor_decay": (0.0, 1.0, True),
+    "kl_clip": (0.0, math.inf, False),
+    "lr": (0.0, math.inf, True),
+    "factor_update_steps": (1, math.inf, True),
+    "inv_update_steps": (1, math.inf, True),
+}
+_RANGE_TEXT = {
+    "damping": "> 0", "relative_damping": "> 0", "factor_decay": "in [0, 1)", "kl_clip": "> 0 (or None to disable)",
+    "lr": ">= 0",
+    "factor_update_steps": "an integer >= 1", "inv_update_steps": "an integer >= 1",
+}
+
+
+def check_range(name: str, value: Scalar | None) -> Scalar | None:
+    """Raise ValueError naming ``name`` and its allowed range when ``value`` is outside it."""
+    if value is None and name in ("kl_clip", "damping", "relative_damping"):
+        return None
+    lo, hi, lo_incl = SCHEDULED[name]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and name.endswith("_steps"):
+        ok = float(value).is_integer()  # type: ignore[arg-type]
+    if ok:
+        ok = (value >= lo if lo_incl else value > lo) and value < hi  # type: ignore[operator]
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not valid; allowed: {_RANGE_TEXT[name]}")
+    return value
+
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """``initial * factor ** (number of milestones <= step)``: the step-wise decay used by KAISA.
+    """``initial * factor ** (number of milestones <= step)``: the step-wise decay used by KAISA, for any scheduled
+    :class:`~kaisa_ds.config.KFACConfig` option, e.g. ``damping=StepSchedule(0.003, milestones=(1000,), factor=0.5)``.
+    Call it with a step to get the value.
 
-    For damping, e.g. ``StepSchedule(0.003, milestones=(1000,), factor=0.5)``; for update
-    intervals (integers) the value is rounded and at least 1.
+    Args:
+        initial: the value before the first milestone.
+        milestones: the steps at which the value is multiplied by ``factor``.
+        factor: the multiplier at each milestone.
+        integer: round the value and keep it at least 1 (for update intervals such as ``inv_update_steps``).
     """
 
     initial: float
@@ -29,6 +67,7 @@ class StepSchedule:
         return max(1, round(value)) if self.integer else value
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form a DeepSpeed ``kfac`` section takes (``{"initial", "milestones", "factor"}``)."""
         return {"initial": self.initial, "milestones": list(self.milestones), "factor": self.factor}
 
 

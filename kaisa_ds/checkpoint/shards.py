@@ -26,22 +26,32 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from kaisa_ds.checkpoint.atomic import replace_atomic
+from kaisa_ds.checkpoint.restore import usable_decompositions
 from kaisa_ds.checkpoint.state import (
     STATE_VERSION,
-    adopt_decompositions,
+    StateOwner,
     owned_state,
+    saved_method,
     state_header,
     validate_saved_state,
 )
+from kaisa_ds.decomposition.decompose import Decomposition
 
-if TYPE_CHECKING:
-    from kaisa_ds.preconditioner import KFACPreconditioner
+
+class ShardOwner(StateOwner, Protocol):
+    """What the sharded save and load need of the preconditioner: :class:`StateOwner`'s reads, and the two calls
+    through which it installs a loaded state itself."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def use_decompositions(self, decompositions: dict[str, Decomposition], *, recompute: bool) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 META = "kfac_meta.json"
@@ -58,7 +68,7 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def _write_shard(p: KFACPreconditioner, folder: Path) -> tuple[str, int, dict[str, dict[str, Any]]]:
+def _write_shard(p: StateOwner, folder: Path) -> tuple[str, int, dict[str, dict[str, Any]]]:
     """This rank's shard; its CPU copies (the save's one large host allocation) are freed on return."""
     name = shard_name(p.rank, p.world)
     shard = {"format": FORMAT, "rank": p.rank, "world": p.world, **owned_state(p)}
@@ -66,7 +76,7 @@ def _write_shard(p: KFACPreconditioner, folder: Path) -> tuple[str, int, dict[st
     return name, size, {f: {"shard": name, "decomposition": f in shard["decompositions"]} for f in shard["factors"]}
 
 
-def save_shards(p: KFACPreconditioner, folder: Path) -> dict[str, Any]:
+def save_shards(p: StateOwner, folder: Path) -> dict[str, Any]:
     """Write this rank's shard and (rank 0) the index into ``folder``; a collective: call it on every rank.
     Returns the index as written."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,7 +152,7 @@ def assemble(folder: Path, meta: dict[str, Any], *, decompositions: Callable[[st
     return state
 
 
-def load_shards(p: KFACPreconditioner, folder: Path, *, steps: int | None = None) -> None:
+def load_shards(p: ShardOwner, folder: Path, *, steps: int | None = None) -> None:
     """Restore ``folder``'s sharded state into ``p`` at this run's world size (a collective). ValueError naming the
     file when it is incomplete, belongs to another model or (``steps`` given) to another save (``p`` is unchanged
     then)."""
@@ -161,9 +171,10 @@ def load_shards(p: KFACPreconditioner, folder: Path, *, steps: int | None = None
     found: dict[str, list[torch.Tensor]] = {}
     for name in sorted({meta["index"][f]["shard"] for f in wanted}):  # only the shards this rank needs
         found.update({f: ts for f, ts in _open(folder / name)["decompositions"].items() if f in wanted})
-    if meta["compute_method"] != p.config.method.value:
+    if saved_method(meta) is not p.config.method:
         found = {}  # saved as inverses, now eigen (or back): recomputed from the factors
-    adopt_decompositions(p, found, source=str(folder))
+    kept, recompute = usable_decompositions(p, found, source=str(folder))
+    p.use_decompositions(kept, recompute=recompute)
     logger.info("K-FAC: loaded %d factors and %d of this rank's decompositions from %s (saved by %d ranks, loaded by "
                 "%d)", len(meta["index"]), len(p.decompositions), folder, meta["world"], p.world)
 

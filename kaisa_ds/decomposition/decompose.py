@@ -10,7 +10,7 @@ returned), so a bad factor never crashes training.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,12 @@ def stack_views(decs: list[Decomposition], attr: str) -> torch.Tensor:
     for i, d in enumerate(decs):
         setattr(d, attr, stacked[i])
     return stacked
+
+
+def storage_bytes(decs: Iterable[Decomposition]) -> int:
+    """Bytes of the storage behind ``decs``: views of one stack (:func:`stack_views`) count once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for d in decs for t in d.tensors()}
+    return sum(storages.values())
 
 
 def layout(dim: int, *, diagonal: bool, method: ComputeMethod) -> list[tuple[int, ...]]:

@@ -35,6 +35,15 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def on_any_rank(flags: dict[str, bool], *, device: torch.device) -> set[str]:
+    """The names flagged on at least one rank (one all-reduce; every rank passes the same names in the same order)."""
+    if world_size() == 1:
+        return {n for n, on in flags.items() if on}
+    tensor = torch.tensor([float(on) for on in flags.values()], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return {n for n, on in zip(flags, tensor.tolist()) if on > 0}
+
+
 def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[int]]:
     buckets: list[list[int]] = [[]]
     size = 0

@@ -56,9 +56,26 @@ KFAC_OF_MODULE = "_kaisa_ds_kfac"  # module attribute: the preconditioner whose 
 def initialize(args: Any = None, model: Any = None, optimizer: Any = None, model_parameters: Any = None,
                training_data: Any = None, lr_scheduler: Any = None, config: Any = None,
                **kwargs: Any) -> tuple[Any, Any, Any, Any]:
-    """Same signature and returns as ``deepspeed.initialize``; ``engine.kfac`` is the preconditioner or None.
+    """``deepspeed.initialize`` plus K-FAC from the config's ``kfac`` section: the same arguments and returns, and
+    ``engine.kfac`` is the :class:`~kaisa_ds.preconditioner.KFACPreconditioner` (None, with a warning, when the
+    section is absent or disabled). ``engine.step()`` then runs K-FAC on each accumulation boundary, and
+    ``engine.save_checkpoint`` / ``load_checkpoint`` carry its state.
 
-    A ``"optimizer": {"type": "Lamb"}`` section gets the best LAMB available (kaisa_ds.optim.select).
+    Args:
+        args: an argparse namespace as DeepSpeed takes it; its ``deepspeed_config`` is the config when ``config``
+            is None.
+        model: the ``nn.Module`` to train (needed for a ``"Lamb"`` optimizer section: its parameter groups).
+        optimizer: a torch optimizer; None: the config's ``optimizer`` section (``"Lamb"`` gets the best LAMB
+            available, :mod:`kaisa_ds.optim.select`).
+        model_parameters: parameters or parameter groups for an optimizer DeepSpeed builds.
+        training_data: a dataset DeepSpeed wraps in its data loader.
+        lr_scheduler: a scheduler; None: the config's ``lr_schedule`` section (NVIDIA's poly warm-up) if any.
+        config: the DeepSpeed config, a dict or a JSON/HJSON path, with an optional ``kfac`` section
+            (:meth:`~kaisa_ds.config.KFACConfig.from_dict` keys plus ``enabled`` and ``auto_step``).
+        kwargs: passed on to ``deepspeed.initialize`` (``config_params`` is taken as ``config``).
+
+    Returns:
+        ``(engine, optimizer, training_dataloader, lr_scheduler)``, as ``deepspeed.initialize``.
     """
     if config is None and kwargs.get("config_params") is not None:  # deepspeed.initialize's old name
         config = kwargs.pop("config_params")

@@ -43,11 +43,14 @@ def skip_cpu_shm_build() -> None:
 
 
 def init_distributed() -> tuple[int, int]:
-    """(rank, world size) with torch.distributed started through DeepSpeed.
+    """Start torch.distributed through DeepSpeed (no arguments: the launcher's environment says everything).
 
     Under a launcher the environment names the rank; a plain ``python script.py`` becomes a 1-rank group on a
     free loopback port. CPU ranks of one machine share its cores, so each gets ``cores / LOCAL_SIZE`` threads
     unless ``OMP_NUM_THREADS`` says otherwise (oversubscribed threads made steps ~10x slower on 2 cores).
+
+    Returns:
+        ``(rank, world_size)``.
     """
     import deepspeed
     from deepspeed import comm as dist

@@ -25,12 +25,16 @@ def deepspeed_engine_of(accelerator: Any) -> Any:
 def attach_to_accelerator(accelerator: Any, *, report_every: int = 0) -> KFACPreconditioner | None:
     """Turn on K-FAC from the ``kfac`` section of the accelerator's DeepSpeed config; call it once, right after
     ``accelerator.prepare(model, optimizer, ...)`` and before ``accelerator.load_state``.
+    ``accelerator.save_state`` / ``load_state`` then carry the K-FAC state (they call the engine's
+    ``save_checkpoint`` / ``load_checkpoint``, which K-FAC wraps).
 
-    Returns the preconditioner (also ``engine.kfac``), or None (with a warning) when the section is absent or
-    disabled. ``accelerator.save_state`` / ``load_state`` then carry the K-FAC state (they call the engine's
-    ``save_checkpoint`` / ``load_checkpoint``, which K-FAC wraps). ``report_every``: steps between K-FAC reports
-    (a log line and DeepSpeed monitor events); accelerate overwrites the config's ``steps_per_print`` with
-    infinity, so K-FAC does not report without it.
+    Args:
+        accelerator: an ``accelerate.Accelerator`` with a DeepSpeed plugin, after ``prepare`` built its engine.
+        report_every: steps between K-FAC reports (a log line and DeepSpeed monitor events); 0: none. accelerate
+            overwrites the config's ``steps_per_print`` with infinity, so K-FAC does not report without it.
+
+    Returns:
+        The preconditioner (also ``engine.kfac``), or None (with a warning) when the section is absent or disabled.
     """
     from kaisa_ds.engine.deepspeed_engine import REPORT_EVERY, enable_on_engine
 

@@ -28,9 +28,14 @@ ENABLED = "_kaisa_ds_kfac_enabled"  # Trainer attribute: enable_kfac already ran
 
 
 def enable_kfac(trainer: Any) -> Any:
-    """Make ``trainer`` precondition with K-FAC from its DeepSpeed config's ``kfac`` section; returns the trainer.
+    """Make a Hugging Face ``Trainer`` precondition with K-FAC from its DeepSpeed config's ``kfac`` section.
 
-    Call it once after building the Trainer, before ``trainer.train()``. The preconditioner is
+    Args:
+        trainer: a ``transformers.Trainer`` built with ``TrainingArguments(deepspeed=...)``, before its first
+            ``train()``.
+
+    Returns:
+        The same trainer. Call it once after building the Trainer, before ``trainer.train()``. The preconditioner is
     ``trainer.model_wrapped.kfac`` once training started. Checkpoints the Trainer writes (``save_steps``) carry
     the K-FAC state and ``train(resume_from_checkpoint=...)`` restores it.
 

@@ -35,6 +35,11 @@ class HookCapture:
         self._reader: dict[int, str] = {}
         self.seconds = 0.0  # time spent in callbacks since the last reset
 
+    def take_seconds(self) -> float:
+        """Seconds spent in the callbacks since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
     def attach(self, name: str, module: nn.Module) -> None:
         self._handles[name] = module.register_forward_hook(self._make_hook(name))
 
