@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
 

@@ -1,48 +1,23 @@
-"""Per-step metrics: a JSONL file (cut back on resume so the curve continues), DeepSpeed's monitor, the plot."""
+"""Pretraining's side of the metrics log (kaisa_ds.report.metrics_log writes it): the columns DeepSpeed's monitor
+receives, and the loss plot."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
-from kaisa_ds.checkpoint.atomic import write_atomic
-from kaisa_ds.report.metrics_log import MetricsError, read_rows
-
-logger = logging.getLogger(__name__)
-__all__ = ["MetricsError", "MetricsLog", "plot_losses", "read_rows"]
 MONITORED = ("loss", "mlm_loss", "nsp_loss", "lr", "seq_per_s", "heldout_mlm_loss", "heldout_mlm_accuracy",
              "heldout_nsp_accuracy")
 
 
-class MetricsLog:
-    """Rows of ``{"step": N, ...}``; only rank 0 writes (``enabled``)."""
-
-    def __init__(self, path: Path, *, enabled: bool, resume_step: int | None = None) -> None:
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        kept: list[dict[str, Any]] = []
-        if resume_step is not None and path.is_file():  # rows written after the checkpoint are redone
-            kept = [r for r in read_rows(path) if r.get("step", 0) <= resume_step]
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept).encode())
-
-    def write(self, row: dict[str, Any], *, engine: Any = None) -> None:
-        if not self.enabled:
-            return
-        with self.path.open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        monitor = getattr(engine, "monitor", None)
-        if monitor is not None and getattr(monitor, "enabled", False):
-            samples = int(getattr(engine, "global_samples", row["step"]))
-            monitor.write_events([(f"Train/bert/{k}", float(row[k]), samples) for k in MONITORED if k in row])
-
-    def rows(self) -> list[dict[str, Any]]:
-        return read_rows(self.path)
+def send_to_monitor(engine: Any, row: dict[str, Any]) -> None:
+    """The ``MONITORED`` columns of ``row`` to the engine's DeepSpeed monitor (TensorBoard, W&B, CSV) when the
+    config enables one, against the samples trained so far."""
+    monitor = getattr(engine, "monitor", None)
+    if monitor is not None and getattr(monitor, "enabled", False):
+        samples = int(getattr(engine, "global_samples", row["step"]))
+        monitor.write_events([(f"Train/bert/{k}", float(row[k]), samples) for k in MONITORED if k in row])
 
 
 def plot_losses(rows: list[dict[str, Any]], out: Path, title: str) -> None:

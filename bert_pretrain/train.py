@@ -28,12 +28,13 @@ from bert_pretrain.data.prepare import PHASES, input_fingerprint, prepare_phase,
 from bert_pretrain.data.tokenizer import load_tokenizer, vocab_digest
 from bert_pretrain.evaluation import evaluate, most_frequent_target
 from bert_pretrain.intervals import interval_warnings
-from bert_pretrain.metrics import MetricsError, MetricsLog, plot_losses
+from bert_pretrain.metrics import plot_losses, send_to_monitor
 from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
 from bert_pretrain.pins import check_pins, data_pins
 from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary, given_vocab
 from kaisa_ds.checkpoint.atomic import write_atomic
 from kaisa_ds.engine.launch import init_distributed
+from kaisa_ds.report.metrics_log import MetricsError, MetricsLog
 
 logger = logging.getLogger("bert_pretrain")
 PIPELINE_ERRORS = (DataError, CheckpointError, MetricsError)
@@ -211,7 +212,8 @@ def run(args: Namespace) -> dict[str, Any]:
                 result = evaluate(module, data, device=engine.device, examples=args.eval_examples,
                                   micro_batch=micro, rank=rank, world=world, baseline_token=baseline)
                 row.update(eval_sets.renamed(result, name) if name else result)
-        metrics.write(row, engine=engine)
+        metrics.write(row)  # rank 0's; DeepSpeed's monitor writes on rank 0 only too
+        send_to_monitor(engine, row)
         last = row
         bar.update()
         bar.set_postfix(loss=f"{row['loss']:.3f}")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_pretrain.curves import Curve, first_crossing, heldout_curve
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
 logger = logging.getLogger("mission")

@@ -20,13 +20,13 @@ import torch
 import kaisa_ds
 from bert_pretrain.data.tokenizer import MAX_UNK_RATE
 from kaisa_ds.engine.launch import init_distributed
+from kaisa_ds.report.metrics_log import MetricsLog
 from squad_finetune.builtin_data import write_builtin_squad
 from squad_finetune.coverage import check_unk_share
 from squad_finetune.data import load_squad_dataset
 from squad_finetune.evaluate import SquadScores, score_predictions
 from squad_finetune.features import build_eval_features, build_train_features
 from squad_finetune.inference import window_logits
-from squad_finetune.metrics_log import MetricsLog
 from squad_finetune.model import check_model_dir, load_qa_model, load_tokenizer, model_width
 from squad_finetune.postprocess import predict_answers
 from squad_finetune.settings import RECIPE_MIN_HIDDEN, ConfigError, Recipe, default_config, read_config, split_config
@@ -212,13 +212,13 @@ def _fine_tune(
         lr_scheduler=linear_warmup_schedule(plan.total_steps, recipe.warmup_proportion), config=ds_config,
     )
     kfac_on = getattr(engine, "kfac", None) is not None  # kaisa_ds warns when a config leaves it off
-    metrics.write(event="engine", kfac=kfac_on, micro_batch=micro, accumulation=accumulation,
-                  total_steps=plan.total_steps, train_windows=len(train_features))
+    metrics.write(dict(event="engine", kfac=kfac_on, micro_batch=micro, accumulation=accumulation,
+                       total_steps=plan.total_steps, train_windows=len(train_features)))
     trained = _Trained(engine=engine)
     if opts.eval_before:
         trained.initial, _ = evaluator.run(engine.module, engine.device)
-        metrics.write(event="eval", step=0, exact_match=trained.initial.exact_match, f1=trained.initial.f1,
-                      questions=trained.initial.total)
+        metrics.write(dict(event="eval", step=0, exact_match=trained.initial.exact_match, f1=trained.initial.f1,
+                           questions=trained.initial.total))
     loader, sampler = train_loader(train_features, collate=DataCollatorWithPadding(tokenizer), micro_batch=micro,
                                    rank=rank, world_size=world, seed=recipe.seed)
     result = train(engine, loader, sampler, plan=plan, recipe=recipe, metrics=metrics, log_every=opts.log_every,
@@ -248,9 +248,9 @@ def run_job(opts: JobOptions, overrides: dict[str, Any]) -> JobResult | None:
     _check_window_fits(model, recipe, model_dir)
     evaluator = _Evaluator(data, tokenizer, recipe, opts, rank)
     metrics = MetricsLog(opts.output / "metrics.jsonl", enabled=rank == 0)
-    metrics.write(event="config", recipe=asdict(recipe), world_size=world, model=str(model_dir),
-                  config=str(config_path), vocab_size=len(tokenizer), unk_share=data.unk_share,
-                  train_file=str(data.train_file), eval_file=str(data.eval_file))
+    metrics.write(dict(event="config", recipe=asdict(recipe), world_size=world, model=str(model_dir),
+                       config=str(config_path), vocab_size=len(tokenizer), unk_share=data.unk_share,
+                       train_file=str(data.train_file), eval_file=str(data.eval_file)))
     if opts.eval_only:
         trained = _Trained(engine=kaisa_ds.initialize(model=model, config=ds_config)[0])
     else:
@@ -259,8 +259,8 @@ def run_job(opts: JobOptions, overrides: dict[str, Any]) -> JobResult | None:
     engine = trained.engine
     kfac_on = getattr(engine, "kfac", None) is not None
     scores, predictions = evaluator.run(engine.module, engine.device)
-    metrics.write(event="eval", step=trained.steps, exact_match=scores.exact_match, f1=scores.f1,
-                  questions=scores.total)
+    metrics.write(dict(event="eval", step=trained.steps, exact_match=scores.exact_match, f1=scores.f1,
+                       questions=scores.total))
     if rank == 0:
         _write_outputs(opts, scores, predictions, steps=trained.steps, seconds=trained.seconds, labels={
             "model": str(model_dir), "config": str(config_path), "kfac": kfac_on, "vocab_size": len(tokenizer),

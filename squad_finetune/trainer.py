@@ -19,28 +19,19 @@ from deepspeed import comm as dist
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from squad_finetune.metrics_log import MetricsLog
+from kaisa_ds.optim.param_groups import weight_decay_groups
+from kaisa_ds.report.metrics_log import MetricsLog
 from squad_finetune.settings import Recipe
 
 logger = logging.getLogger(__name__)
 
-NO_DECAY = ("bias", "LayerNorm.weight", "LayerNorm.bias", "layer_norm.weight", "layer_norm.bias")
 TRAIN_COLUMNS = ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions")
 
 
-def adamw_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: decayed weights, and biases/LayerNorm without weight decay (BERT's convention)."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if name.endswith(NO_DECAY) else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def build_optimizer(model: torch.nn.Module, recipe: Recipe) -> torch.optim.AdamW:
-    return torch.optim.AdamW(adamw_param_groups(model, recipe.weight_decay), lr=recipe.lr, betas=recipe.betas,
-                             eps=recipe.eps)
+    """AdamW over BERT's weight-decay groups (biases and LayerNorm undecayed)."""
+    groups = weight_decay_groups(model, weight_decay=recipe.weight_decay)
+    return torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas, eps=recipe.eps)
 
 
 def linear_warmup_schedule(total_steps: int, warmup_proportion: float) -> Callable[[torch.optim.Optimizer], Any]:
@@ -119,12 +110,12 @@ class _StepLogger:
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
         kfac = getattr(self.engine, "kfac", None)
         extra = {} if kfac is None else {"kfac_steps": int(kfac.steps), "kfac_seconds": dict(kfac.timings or {})}
-        self.metrics.write(
+        self.metrics.write(dict(
             event="train", step=step, epoch=epoch, loss=loss, lr=float(self.engine.get_lr()[0]),
             sequences_per_s=self.micro * self.seq_per_micro / elapsed,
             loss_scale=float(getattr(self.engine.optimizer, "loss_scale", 1.0)),
             skipped_steps=int(self.engine.skipped_steps), **extra,
-        )
+        ))
         self.loss_sum.zero_()
         self.micro = 0
         self.window_start = time.perf_counter()

@@ -20,7 +20,7 @@ from typing import Any
 from benchmarks.convergence.parts import Parts, split_recipe
 from benchmarks.convergence.regimes import QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
 

@@ -29,10 +29,11 @@ COMPONENTS = ("hook_extra", *STEP_STAGES, "step_untimed")  # what the amortised 
 def build_optimizer(model: torch.nn.Module, *, lr: float) -> tuple[torch.optim.Optimizer, str]:
     """LAMB from kaisa_ds.optim.select with BERT's parameter groups, or AdamW when that module is absent."""
     try:
-        from kaisa_ds.optim.select import build_lamb, lamb_param_groups
+        from kaisa_ds.optim.param_groups import weight_decay_groups
+        from kaisa_ds.optim.select import build_lamb
     except ImportError:
         return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01), "torch.optim.AdamW"
-    opt, name = build_lamb(lamb_param_groups(model, weight_decay=0.01), lr=lr)
+    opt, name = build_lamb(weight_decay_groups(model, weight_decay=0.01), lr=lr)
     return opt, f"LAMB ({name})"
 
 

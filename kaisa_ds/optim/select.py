@@ -17,34 +17,17 @@ import torch
 from torch import nn
 
 from kaisa_ds.optim.lamb import Lamb, global_grad_norm
+from kaisa_ds.optim.param_groups import weight_decay_groups
 
 logger = logging.getLogger(__name__)
 
 # DeepSpeed's "Lamb" optimizer params (deepspeed/ops/lamb/fused_lamb.py); missing ones take Apex's defaults.
 DS_LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff")
-NO_DECAY_NAME_PARTS = ("bias", "LayerNorm", "layer_norm")
 
 
 def is_lamb_config(section: Mapping[str, Any] | None) -> bool:
     """True when a DeepSpeed ``optimizer`` section asks for LAMB (``type`` compared case-insensitively)."""
     return isinstance(section, Mapping) and str(section.get("type", "")).lower() == "lamb"
-
-
-def lamb_param_groups(model: nn.Module, *, weight_decay: float) -> list[dict[str, Any]]:
-    """Weights with decay, biases and LayerNorm parameters without (BERT's recipe); empty groups dropped.
-
-    A parameter is exempt when it belongs to an ``nn.LayerNorm`` or its name contains 'bias', 'LayerNorm'
-    or 'layer_norm' (HF BERT naming). Tied parameters appear once.
-    """
-    exempt = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            exempt_p = id(p) in exempt or any(part in name for part in NO_DECAY_NAME_PARTS)
-            (no_decay if exempt_p else decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
 
 
 def _apex_fused_lamb(params: list[Any]) -> tuple[type | None, str]:
@@ -193,5 +176,5 @@ def lamb_from_ds_config(optimizer_section: Mapping[str, Any], model: nn.Module) 
     if not isinstance(params, Mapping):
         raise ValueError(f"optimizer.params must be a JSON object, got {params!r}")
     kwargs = {"lr": 1e-3, **lamb_kwargs_from_ds_params(params)}
-    groups = lamb_param_groups(model, weight_decay=kwargs.get("weight_decay", 0.01))
+    groups = weight_decay_groups(model, weight_decay=kwargs.get("weight_decay", 0.01))
     return build_lamb(groups, **kwargs)

@@ -15,7 +15,7 @@ from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
 from benchmarks.convergence.regimes import REGIMES
 from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.sources import resolve
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 DEFAULT_TEXT = DATA / "wikitext-2" / "valid.txt"
 SQUAD = DATA / "squad" / "dev-v1.1-articles-00-39.json"

@@ -11,7 +11,7 @@ import pytest
 
 from bert_pretrain.curves import Curve, first_crossing, heldout_curve, resumed_elapsed
 from bert_pretrain.eval_sets import named_text, renamed
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 
 
 def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

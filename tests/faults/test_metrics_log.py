@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_pretrain.metrics import MetricsError, MetricsLog
+from kaisa_ds.report.metrics_log import MetricsError, MetricsLog
 
 
 def _log(path: Path, steps: int) -> None:

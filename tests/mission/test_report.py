@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_pretrain.metrics import read_rows
+from kaisa_ds.report.metrics_log import read_rows
 from mission.report import write_report
 from mission.run import parse_args
 

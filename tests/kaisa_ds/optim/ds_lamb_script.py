@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from kaisa_ds.engine.launch import skip_cpu_shm_build
 from kaisa_ds.optim.lamb import Lamb
+from kaisa_ds.optim.param_groups import weight_decay_groups
 from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
-from kaisa_ds.optim.select import lamb_param_groups
 
 LR, WARMUP, TOTAL = 0.05, 0.5, 4
 
@@ -33,7 +33,7 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _engine(model: torch.nn.Module, extra: dict) -> tuple[object, Lamb, PolyWarmUpScheduler]:
-    opt = Lamb(lamb_param_groups(model, weight_decay=0.01), lr=LR)
+    opt = Lamb(weight_decay_groups(model, weight_decay=0.01), lr=LR)
     sched = PolyWarmUpScheduler(opt, warmup_proportion=WARMUP, total_steps=TOTAL)
     config = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 10**6,
               "zero_optimization": {"stage": 0}, **extra}
@@ -60,7 +60,7 @@ def fp32_run(scratch: str) -> dict:
     model = _model()
     ref = copy.deepcopy(model)
     engine, opt, _ = _engine(model, {})
-    ref_opt = Lamb(lamb_param_groups(ref, weight_decay=0.01), lr=LR)
+    ref_opt = Lamb(weight_decay_groups(ref, weight_decay=0.01), lr=LR)
     ref_sched = PolyWarmUpScheduler(ref_opt, warmup_proportion=WARMUP, total_steps=TOTAL)
     lrs = []
     for step in range(2):
