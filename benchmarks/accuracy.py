@@ -66,9 +66,7 @@ def text_batches(text: Path, vocab: Path, *, batch: int, seq: int, count: int, s
     need = batch * width * count
     if len(ids) < need:
         raise ValueError(f"{text} has {len(ids)} tokens; {need} are needed for --windows {count}")
-    ids_of = tok.convert_tokens_to_ids
-    specials = Specials(pad=ids_of("[PAD]"), cls=ids_of("[CLS]"), sep=ids_of("[SEP]"), mask=ids_of("[MASK]"),
-                        vocab_size=len(tok))
+    specials = Specials.of(tok)
     rows = [ids[i:i + width] for i in range(0, need, width)]
     return [masked_batch(rows[w * batch:(w + 1) * batch], specials=specials, device="cpu", seed=seed + w)
             for w in range(count)]

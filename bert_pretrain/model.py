@@ -19,8 +19,7 @@ from torch import nn
 
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.examples import IGNORE
-from kaisa_ds.plan.bert_sizes import KAISA_SKIP as KAISA_SKIP  # re-exported
-from kaisa_ds.plan.bert_sizes import SIZES as SIZES  # re-exported
+from kaisa_ds.plan.bert_sizes import SIZES
 
 logger = logging.getLogger(__name__)
 STATS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_count", "nsp_correct", "nsp_count")

@@ -17,11 +17,12 @@ BERT-base or wider, the tiny CPU recipe (lr 2e-3, 128-token windows) for the nar
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from kaisa_ds.engine.ds_config import load_config
 
 if TYPE_CHECKING:  # imported where used: they pull in datasets and torch, and --help reads the recipe files
     from squad_finetune.features import FeatureSettings
@@ -109,20 +110,14 @@ SECTION_KEYS = tuple(k for k in RECIPE_KEYS if k not in OPTIMIZER_KEYS and k != 
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
-    """A DeepSpeed JSON config file as a dict; errors name the file."""
-    path = Path(path)
+    """A DeepSpeed config file as a dict, read as the engine reads it (JSON, or HJSON with comments); errors name
+    the file."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} not found (see ds_configs/squad_*.json)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except UnicodeDecodeError as exc:  # a binary file: the bare error would not name it
-        raise ConfigError(f"{path}: not a UTF-8 text file (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                          "give a DeepSpeed JSON config") from None
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: a DeepSpeed config must be a JSON object")
-    return config
+        return load_config(Path(path))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{exc} (see ds_configs/squad_*.json)") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def split_config(

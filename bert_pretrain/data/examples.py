@@ -41,11 +41,23 @@ def documents_of(docs: Documents, numbers: Sequence[int]) -> list[list[list[int]
 
 @dataclass(frozen=True)
 class Specials:
+    """The special-token ids masking and example building need, and the vocabulary's size (random replacements)."""
+
     pad: int
     cls: int
     sep: int
     mask: int
     vocab_size: int
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> Specials:
+        """The ids a HF BERT tokenizer gives its special tokens: the one place they are read."""
+        ids = (tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.mask_token_id)
+        if any(i is None for i in ids):
+            raise ValueError(f"{type(tokenizer).__name__} lacks a special token ([PAD] [CLS] [SEP] [MASK]: {ids}); "
+                             "a BERT vocab.txt needs all of them")
+        pad, cls_, sep, mask = (int(i) for i in ids)
+        return cls(pad=pad, cls=cls_, sep=sep, mask=mask, vocab_size=len(tokenizer))
 
 
 @dataclass(frozen=True)

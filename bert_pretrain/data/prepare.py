@@ -248,8 +248,7 @@ def _write_examples(docs: Iterable[list[str]], folder: Path, *, work: Path, tok:
     counts = run_forked(lambda: tokenize_to_file(docs, tok, work / "docs.arrow"), what="tokenising")
     train_docs, held_docs = split_documents(counts.documents, heldout_fraction=heldout_fraction, seed=settings.seed)
     check_vocab_coverage(counts, tok, texts=texts, vocab=vocab, max_unk_rate=max_unk_rate)
-    specials = Specials(pad=tok.pad_token_id, cls=tok.cls_token_id, sep=tok.sep_token_id, mask=tok.mask_token_id,
-                        vocab_size=len(tok))
+    specials = Specials.of(tok)
     logger.info("phase %d data: %d tokens in %d documents, %.2f%% of them [UNK] with a vocabulary of %d tokens", phase,
                 counts.tokens, counts.documents, 100 * counts.unknown / max(1, counts.tokens), len(tok))
     manifest["vocab_digest"] = vocab_digest(vocab_path)

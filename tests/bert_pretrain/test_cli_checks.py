@@ -14,8 +14,8 @@ import pytest
 from bert_pretrain.cli import build_parser
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.tokenizer import train_vocab
-from bert_pretrain.model import SIZES
 from bert_pretrain.preflight import check_args
+from kaisa_ds.plan.bert_sizes import SIZES
 from tests.support.bert_data import (
     BERT_VOCAB,
     SHARED_ABSENT,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from bert_pretrain.data.examples import (
@@ -13,6 +15,7 @@ from bert_pretrain.data.examples import (
     document_examples,
     rng_for,
 )
+from tests.support.bert_data import BERT_VOCAB as VOCAB
 
 SETTINGS = ExampleSettings(max_seq_length=16, max_predictions=3, dupe_factor=2, seed=0)
 SPECIALS = Specials(pad=0, cls=2, sep=3, mask=4, vocab_size=100)
@@ -46,3 +49,16 @@ def test_a_call_without_examples_keeps_the_widths() -> None:
     cols = _call([])
     assert cols["input_ids"].shape == (0, 16) and cols["masked_lm_ids"].shape == (0, 3)
     assert cols["next_sentence_label"].shape == (0,)
+
+
+def test_specials_are_read_from_the_tokenizer_and_match_the_trained_vocab_rule(tmp_path: Path) -> None:
+    """BERT's real vocab puts [PAD] at 0 and [CLS]/[SEP]/[MASK] at 101-103; a vocabulary bert_pretrain trains
+    puts its specials first in SPECIAL's order, which the benchmarks' random batches assume."""
+    from benchmarks.harness.batches import trained_vocab_specials
+    from bert_pretrain.data.tokenizer import SPECIAL, load_tokenizer
+
+    real = Specials.of(load_tokenizer(VOCAB))
+    assert (real.pad, real.cls, real.sep, real.mask, real.vocab_size) == (0, 101, 102, 103, 30522)
+    trained = tmp_path / "vocab.txt"
+    trained.write_text("\n".join([*SPECIAL, *(f"w{i}" for i in range(200))]) + "\n")
+    assert Specials.of(load_tokenizer(trained)) == trained_vocab_specials(205)

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.checkpoint.shards import META, check_shards, load_shards, save_shards, shard_name
 from tests.support.launch import run_distributed
 from tests.support.models import TinyStack
+from tests.support.training import train_steps
 
 STEPS, SPLIT, WIDTH = 8, 5, 48
 
@@ -34,18 +34,6 @@ def _make(fraction: str = "comm-opt") -> tuple[TinyStack, KFACPreconditioner, to
     return model, precond, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def _train(model, precond, opt, batches) -> list[float]:  # type: ignore[no-untyped-def]
-    losses = []
-    for x, y in batches:  # the same batch on every rank: the same gradients as one process
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        precond.step()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _nbytes(obj: object) -> int:
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -54,7 +42,7 @@ def _nbytes(obj: object) -> int:
 
 def _save(rank: int, world: int, folder: str, fraction: str) -> dict:
     model, precond, opt = _make(fraction)
-    _train(model, precond, opt, _data()[:SPLIT])
+    train_steps(model, precond, opt, _data()[:SPLIT])
     save_shards(precond, Path(folder))
     if rank == 0:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, Path(folder) / "rest.pt")
@@ -70,16 +58,16 @@ def _resume(rank: int, world: int, folder: str, fraction: str) -> dict:
     load_shards(precond, Path(folder))
     loaded = {"steps": precond.steps, "decompositions": sorted(precond.decompositions),
               "recompute": precond.needs_decomposition}
-    return {**loaded, "losses": _train(model, precond, opt, _data()[SPLIT:])}
+    return {**loaded, "losses": train_steps(model, precond, opt, _data()[SPLIT:])}
 
 
 def _reference(*, recompute_at_split: bool = False) -> list[float]:
     """One process, no checkpoint; optionally with every decomposition recomputed at the resume step."""
     model, precond, opt = _make()
     data = _data()
-    first = _train(model, precond, opt, data[:SPLIT])
+    first = train_steps(model, precond, opt, data[:SPLIT])
     precond.use_decompositions(precond.decompositions, recompute=recompute_at_split)
-    return first + _train(model, precond, opt, data[SPLIT:])
+    return first + train_steps(model, precond, opt, data[SPLIT:])
 
 
 def _rewrite(shard: Path, content: dict) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
 from tests.support.launch import run_distributed
 from tests.support.models import TinyMLP, TinyTransformerish
+from tests.support.training import train_steps
 
 STEPS, SPLIT = 8, 5
 
@@ -26,36 +26,24 @@ def _make() -> tuple[TinyTransformerish, KFACPreconditioner, torch.optim.Optimiz
     return model, precond, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
 
-def _train(model, precond, opt, batches) -> list[float]:  # type: ignore[no-untyped-def]
-    losses = []
-    for ids, target in batches:
-        opt.zero_grad()
-        loss = F.mse_loss(model(ids), target)
-        loss.backward()
-        precond.step()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def test_resume_from_state_dict_is_identical() -> None:
     data = _data()
-    full = _train(*_make(), data)
+    full = train_steps(*_make(), data)
     model, precond, opt = _make()
-    first = _train(model, precond, opt, data[:SPLIT])
+    first = train_steps(model, precond, opt, data[:SPLIT])
     saved = {"model": model.state_dict(), "opt": opt.state_dict(), "kfac": precond.state_dict()}
     model2, precond2, opt2 = _make()
     model2.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
     precond2.load_state_dict(saved["kfac"])
     assert precond2.steps == SPLIT
-    rest = _train(model2, precond2, opt2, data[SPLIT:])
+    rest = train_steps(model2, precond2, opt2, data[SPLIT:])
     assert first + rest == full  # bit-identical in fp32 on CPU
 
 
 def test_state_from_another_model_is_refused() -> None:
     model, precond, opt = _make()
-    _train(model, precond, opt, _data()[:1])
+    train_steps(model, precond, opt, _data()[:1])
     other = KFACPreconditioner(TinyMLP())
     with pytest.raises(ValueError, match="does not match this model"):
         other.load_state_dict(precond.state_dict())
@@ -65,7 +53,7 @@ def test_state_from_another_model_is_refused() -> None:
 
 def _save_distributed(rank: int, world: int) -> dict:
     model, precond, opt = _make()
-    _train(model, precond, opt, _data()[:SPLIT])  # identical data on every rank: same grads as 1 process
+    train_steps(model, precond, opt, _data()[:SPLIT])  # identical data on every rank: same grads as 1 process
     return precond.state_dict()
 
 
@@ -75,9 +63,9 @@ def test_state_saved_on_two_ranks_resumes_on_one() -> None:
         for a, b in zip(states[0]["decompositions"][key], states[1]["decompositions"][key]):
             assert torch.equal(a, b)
     data = _data()
-    full = _train(*_make(), data)
+    full = train_steps(*_make(), data)
     model, precond, opt = _make()
-    _train(model, precond, opt, data[:SPLIT])
+    train_steps(model, precond, opt, data[:SPLIT])
     precond.load_state_dict(states[0])
     torch.testing.assert_close(
-        _train(model, precond, opt, data[SPLIT:]), full[SPLIT:], rtol=1e-5, atol=1e-7)
+        train_steps(model, precond, opt, data[SPLIT:]), full[SPLIT:], rtol=1e-5, atol=1e-7)

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.checkpoint.shards import META, assemble, read_meta
@@ -16,6 +15,7 @@ from kaisa_ds.engine.checkpoint import CLIENT_KEY, SHARDS_KEY
 from tests.kaisa_ds.engine import ds_worker
 from tests.support.launch import run_deepspeed
 from tests.support.models import TinyTransformerish
+from tests.support.training import train_steps
 
 WORKER = str(Path(ds_worker.__file__))
 KFAC: dict[str, Any] = {"damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2}
@@ -36,15 +36,7 @@ def _single_process_reference(steps: int) -> tuple[list[float], dict[str, tuple[
     model = TinyTransformerish()
     precond = KFACPreconditioner(model, lr=0.1, **KFAC)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(steps):
-        ids, target = ds_worker.global_batch(step)
-        opt.zero_grad()
-        loss = F.mse_loss(model(ids), target)
-        loss.backward()
-        precond.step()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(model, precond, opt, (ds_worker.global_batch(step) for step in range(steps)))
     return losses, {n: (ly.a_factor, ly.g_factor) for n, ly in precond.layers.items()
                     if ly.a_factor is not None and ly.g_factor is not None}
 
