@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.convergence import analysis
 from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.harness.output import table
 from bert_pretrain.curves import first_crossing
 
 IDENTITY_DAMPING = 1.0
@@ -71,6 +72,20 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[name][target] = {k: analysis.spread([r[target][k] for r in mine]) for k in ("step_ratio",
                                                                                             "time_ratio")}
     return out
+
+
+def report(result: dict[str, Any]) -> str:
+    """A study's per-seed rows and each variant's summary (ratios to LAMB's final and best), as printed."""
+    rows = [{"seed": r["seed"], "variant": r["variant"], "final": r["final"], "LAMB final": r["lamb_final"],
+             "LAMB best": r["lamb_best"], "time to LAMB final": r["to_lamb_final"]["time_ratio"],
+             "time to LAMB best": r["to_lamb_best"]["time_ratio"]} for r in result["rows"]]
+    lines = [table(rows, list(rows[0]))]
+    for name, s in result["summary"].items():
+        final, best = s["to_lamb_final"]["time_ratio"], s["to_lamb_best"]["time_ratio"]
+        lines.append(f"{name}: final {s['final']['mean']} (±{s['final']['std']}); time to LAMB's final "
+                     f"{final['mean']} (±{final['std']}, {final['missing']} never), to LAMB's best {best['mean']} "
+                     f"(±{best['std']}, {best['missing']} never)")
+    return "\n".join(lines)
 
 
 def ablation(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], damping: float, vocab: Path,

@@ -4,6 +4,8 @@
     python -m benchmarks.convergence tune --regime large
     python -m benchmarks.convergence final                   # both regimes, 3 seeds each, reads the tuning choices
     python -m benchmarks.convergence final --quick           # toy scale, as the smoke test runs it
+    python -m benchmarks.convergence ablation --regime large # the finals beside identity-curvature K-FAC
+    python -m benchmarks.convergence defaults --regime large # K-FAC at the library's defaults and LAMB's lr
 
 Every run is ``bert_pretrain`` under the deepspeed launcher on 2 CPU ranks (the code users run), trained on the
 training part of ``--text``. Tuning runs are evaluated on the tune part only; final runs on the report part only.
@@ -23,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.convergence import ablation, analysis
+from benchmarks.convergence import ablation, analysis, defaults
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
@@ -47,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (("tune", "tune one regime's LAMB and K-FAC settings on the tune part"),
                            ("final", "chosen settings × seeds on the report part; figures, plots, final.json"),
                            ("ablation", "the final K-FAC runs beside identity-curvature K-FAC (same cost, KL clip, "
-                                        "lr): is the gain curvature or step size?")):
+                                        "lr): is the gain curvature or step size?"),
+                           ("defaults", "K-FAC as '\"kfac\": {\"enabled\": true}' gives it, at LAMB's tuned lr and "
+                                        "warmup, beside the tuned K-FAC and LAMB")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--text", type=Path, nargs="+",
                        help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
@@ -70,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--damping", type=float, default=ablation.IDENTITY_DAMPING,
                      help="absolute damping that makes the curvature the identity (default %(default)g; BERT's "
                           "λ_A·λ_G are ≤ ~1e-2)")
+    dflt = sub.choices["defaults"]
+    dflt.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    dflt.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -260,23 +267,25 @@ def final(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
     """``ablation``: the regime's final K-FAC beside identity-curvature K-FAC, reusing the final runs' records."""
+    return _variants(args, lambda **kw: ablation.ablation(damping=args.damping, **kw), "ablation.json")
+
+
+def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """``defaults``: K-FAC at the library's defaults and LAMB's lr beside the tuned K-FAC, reusing the finals."""
+    return _variants(args, defaults.defaults, "defaults.json")
+
+
+def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, Any]:
+    """Run a per-seed study of K-FAC variants against the final LAMB runs, then print its rows and summary."""
     regime = regime_of(args.regime, args)
     parts = parts_of(args, regime)
     out = args.results / regime.name
     chosen = load_chosen(regime, parts, args)
     seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
-    result = ablation.ablation(regime=regime, parts=parts, chosen=chosen, seeds=seeds, damping=args.damping,
-                               vocab=args.vocab, work=args.work, out=out, info=machine(), kfac_keys=kfac_keys)
-    rows = [{"seed": r["seed"], "variant": r["variant"], "final": r["final"], "LAMB final": r["lamb_final"],
-             "LAMB best": r["lamb_best"], "time to LAMB final": r["to_lamb_final"]["time_ratio"],
-             "time to LAMB best": r["to_lamb_best"]["time_ratio"]} for r in result["rows"]]
-    print(table(rows, list(rows[0])))
-    for name, s in result["summary"].items():
-        print(f"{name}: time to LAMB's final {s['to_lamb_final']['time_ratio']['mean']} "
-              f"(±{s['to_lamb_final']['time_ratio']['std']}, {s['to_lamb_final']['time_ratio']['missing']} never), "
-              f"to LAMB's best {s['to_lamb_best']['time_ratio']['mean']} "
-              f"(±{s['to_lamb_best']['time_ratio']['std']}, {s['to_lamb_best']['time_ratio']['missing']} never)")
-    print(f"wrote {out / 'ablation.json'}")
+    result: dict[str, Any] = study(regime=regime, parts=parts, chosen=chosen, seeds=seeds, vocab=args.vocab,
+                                   work=args.work, out=out, info=machine(), kfac_keys=kfac_keys)
+    print(ablation.report(result))
+    print(f"wrote {out / written}")
     return result
 
 
@@ -285,6 +294,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resolve_folders(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return {"tune": tune, "final": final, "ablation": run_ablation}[args.command](args)
+        return {"tune": tune, "final": final, "ablation": run_ablation, "defaults": run_defaults}[args.command](args)
     except SplitError as exc:
         raise SystemExit(f"python -m benchmarks.convergence: {exc}") from exc

@@ -116,10 +116,18 @@ def quick(regime: Regime) -> Regime:
                                notes="quick: " + regime.notes)
 
 
-def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None) -> dict[str, Any]:
+LIBRARY_DEFAULTS = "kfac-defaults"  # a RunSpec optimizer: K-FAC as ``"kfac": {"enabled": true}`` gives it
+
+
+def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None,
+              library_defaults: bool = False) -> dict[str, Any]:
     """The run's DeepSpeed config: the repo's phase-1 config with this regime's batch, lr, warmup and (for K-FAC)
-    the ``kfac`` section of ds_configs/bert_tiny_phase1_kfac.json with ``kfac``'s keys replaced."""
+    the ``kfac`` section of ds_configs/bert_tiny_phase1_kfac.json with ``kfac``'s keys replaced; with
+    ``library_defaults`` the section is ``{"enabled": true}`` and ``kfac``'s keys alone (what a user who turns
+    K-FAC on gets: every other option at the library's default)."""
     cfg = json.loads((KFAC_CONFIG if kfac is not None else LAMB_CONFIG).read_text())
+    if library_defaults:
+        cfg["kfac"] = {"enabled": True}
     cfg["train_batch_size"] = regime.global_batch
     cfg["train_micro_batch_size_per_gpu"] = regime.micro_batch
     cfg["gradient_accumulation_steps"] = regime.gas

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.convergence.parts import Parts, split_recipe
-from benchmarks.convergence.regimes import QUICK_UNITS, Regime, ds_config
+from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve
 from kaisa_ds.report.metrics_log import read_rows
 
@@ -31,7 +31,7 @@ class RunSpec:
 
     name: str
     regime: str
-    optimizer: str  # "lamb" or "kfac"
+    optimizer: str  # "lamb", "kfac" or LIBRARY_DEFAULTS (K-FAC with only ``kfac``'s keys set)
     lr: float
     warmup: float
     steps: int
@@ -41,6 +41,11 @@ class RunSpec:
 
     def key(self) -> dict[str, Any]:
         return asdict(self)
+
+    def ds_config(self, regime: Regime) -> dict[str, Any]:
+        """The DeepSpeed config this run trains with."""
+        return ds_config(regime, lr=self.lr, warmup=self.warmup, steps=self.steps, kfac=self.kfac,
+                         library_defaults=self.optimizer == LIBRARY_DEFAULTS)
 
 
 def train_args(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, config: Path, out: Path,
@@ -65,7 +70,7 @@ def run_inputs(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path) -> d
     brings in the shipped phase-1 configs' other keys). A recorded run is reused only when all of it is equal."""
     return {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
             "split": parts.recipe, "vocab_sha256": sha256_of(vocab),
-            "ds_config": ds_config(regime, lr=spec.lr, warmup=spec.warmup, steps=spec.steps, kfac=spec.kfac)}
+            "ds_config": spec.ds_config(regime)}
 
 
 def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -106,8 +111,7 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     folder = work / spec.regime / spec.eval_part / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "ds_config.json"
-    config.write_text(json.dumps(ds_config(regime, lr=spec.lr, warmup=spec.warmup, steps=spec.steps,
-                                           kfac=spec.kfac), indent=1))
+    config.write_text(json.dumps(spec.ds_config(regime), indent=1))
     # one data cache per seed (bert_pretrain's --seed also seeds the masking); the evaluation sets inside it are
     # prepared with a fixed seed, so every run is evaluated on the same examples
     cache = work / "data" / f"{regime.model_size}_seq{regime.seq}_seed{spec.seed}"

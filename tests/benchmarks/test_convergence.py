@@ -184,7 +184,7 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     """final --quick (small regime, seed 1) from a recorded choice (tuned --quick: 4 steps per run): 2 bert_pretrain
     launches."""
     chosen: dict[str, Any] = {"lamb": {"lr": 0.01, "warmup": 0.1}, "budget": {"lamb": {"steps_per_run": 4}},
-                              "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1,
+                              "kfac": {"lr": 0.015, "warmup": 0.1, "damping": 0.01, "factor_every": 1,
                                        "inv_every": 2}}
     (tmp_path / "results" / "small").mkdir(parents=True)
     (tmp_path / "results" / "small" / "chosen.json").write_text(json.dumps(chosen))
@@ -216,6 +216,15 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert identity["spec"]["lr"] == kfac["spec"]["lr"] and identity["curve"]["values"]
     assert {r["variant"] for r in abl["rows"]} == {"kfac", "identity"}
     assert json.loads((tmp_path / "results" / "small" / "ablation.json").read_text())["identity_damping"] == 3.0
+    # defaults: a kfac section of {"enabled": true} alone, at LAMB's lr and warmup; the finals are reused
+    dflt = main(["defaults", "--regime", "small", *_common(tmp_path)])
+    assert {p: p.stat().st_mtime_ns for p in finals} == finals
+    record = json.loads((tmp_path / "results" / "small" / "defaults" / "defaults_seed1.json").read_text())
+    assert record["inputs"]["ds_config"]["kfac"] == {"enabled": True}
+    assert record["inputs"]["ds_config"]["optimizer"]["params"]["lr"] == chosen["lamb"]["lr"] != chosen["kfac"]["lr"]
+    assert record["curve"]["values"] and {r["variant"] for r in dflt["rows"]} == {"tuned", "defaults"}
+    assert set(json.loads((tmp_path / "results" / "small" / "defaults.json").read_text())["summary"]) == {
+        "tuned", "defaults"}
 
 
 @REAL_DATA
