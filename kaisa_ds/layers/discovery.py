@@ -43,23 +43,30 @@ class KFACLayer:
 def discover_layers(model: nn.Module, config: KFACConfig) -> dict[str, KFACLayer]:
     """Every supported, trainable, not-skipped module, in ``named_modules`` order.
 
-    A module whose weight is already owned by an earlier layer (tied embeddings and decoders) is
-    skipped with a warning: preconditioning one parameter twice would be wrong.
+    A weight shared by several modules (BERT's MLM decoder tied to the word embeddings) is preconditioned by none
+    of them, with a warning: its gradient sums every sharer's contribution while a layer's factors describe one
+    module's inputs and outputs (the embedding's A is zero for tokens absent from the batch, which the decoder
+    still gives a gradient), so it is left to the optimizer alone, as KAISA's BERT recipe and kfac-pytorch leave
+    embeddings.
     """
-    layers: dict[str, KFACLayer] = {}
-    owners: dict[int, str] = {}
-    scale_g = config.loss_reduction is LossReduction.MEAN
+    candidates: list[tuple[str, ModuleHelper]] = []
+    sharers: dict[int, list[str]] = {}
     for name, module in model.named_modules():
         helper = helper_for(module)
-        if helper is None or config.skips(name, type(module).__name__):
+        if helper is None or config.skips(name, type(module).__name__) or not helper.weight.requires_grad:
             continue
-        if not helper.weight.requires_grad:
+        candidates.append((name, helper))
+        sharers.setdefault(id(helper.weight), []).append(name)
+    for names in sharers.values():
+        if len(names) > 1:
+            logger.warning("K-FAC: skipping %s: they share one weight, whose gradient no single module's factors "
+                           "describe (untie the weights to precondition them)", ", ".join(names))
+    layers: dict[str, KFACLayer] = {}
+    scale_g = config.loss_reduction is LossReduction.MEAN
+    dtype = config.storage_dtype
+    for name, helper in candidates:
+        if len(sharers[id(helper.weight)]) > 1:
             continue
-        if id(helper.weight) in owners:
-            logger.warning("K-FAC: skipping %s: its weight is shared with %s", name, owners[id(helper.weight)])
-            continue
-        owners[id(helper.weight)] = name
-        dtype = config.storage_dtype
         a = KroneckerFactor(f"{name}.A", helper.a_dim, diagonal=helper.diagonal_a, storage_dtype=dtype,
                             scale_by_passes=False)
         g = KroneckerFactor(f"{name}.G", helper.g_dim, diagonal=False, storage_dtype=dtype,

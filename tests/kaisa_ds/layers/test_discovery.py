@@ -1,0 +1,43 @@
+"""Which modules K-FAC preconditions: a weight two modules share is left to the optimizer alone."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+from kaisa_ds import KFACConfig
+from kaisa_ds.layers.discovery import discover_layers
+
+
+class TiedLM(nn.Module):
+    """An embedding and an output projection sharing one weight, as BERT's MLM decoder and word embeddings do."""
+
+    def __init__(self, vocab: int = 12, dim: int = 4) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.hidden = nn.Linear(dim, dim)
+        self.decoder = nn.Linear(dim, vocab, bias=False)
+        self.decoder.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.decoder(torch.tanh(self.hidden(self.emb(ids))))
+
+
+def test_a_shared_weight_is_preconditioned_by_neither_module(caplog: pytest.LogCaptureFixture) -> None:
+    """The shared weight's gradient sums the embedding's and the decoder's contributions; the embedding's factors
+    describe only the first (rows of tokens absent from the batch have A = 0, yet the decoder gives them a gradient),
+    so preconditioning the sum with them is wrong. Before, the first owner (the embedding) was preconditioned."""
+    with caplog.at_level(logging.WARNING, logger="kaisa_ds.layers.discovery"):
+        layers = discover_layers(TiedLM(), KFACConfig())
+    assert sorted(layers) == ["hidden"]
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "skipping emb, decoder" in warned and "share one weight" in warned
+
+
+def test_untied_embeddings_and_decoders_are_preconditioned() -> None:
+    model = TiedLM()
+    model.decoder.weight = nn.Parameter(model.emb.weight.detach().clone())
+    assert sorted(discover_layers(model, KFACConfig())) == ["decoder", "emb", "hidden"]
