@@ -29,7 +29,8 @@ from benchmarks.convergence import ablation, analysis, defaults
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
-from benchmarks.convergence.runner import RunSpec, run, sha256_of
+from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.convergence.scale import check_scale, scale_of
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import table, write_json
 
@@ -77,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     dflt = sub.choices["defaults"]
     dflt.add_argument("--regime", choices=sorted(REGIMES), required=True)
     dflt.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
+    dflt.add_argument("--part", choices=["report", "tune"], default="report",
+                      help="report: the final seeds (default); tune: the tuning seed and length, for choosing defaults")
+    dflt.add_argument("--set", dest="kfac_set", metavar="KEY=VALUE", nargs="+", default=[], type=defaults.kfac_setting,
+                      help="kfac keys on top of {\"enabled\": true} (a candidate default; --part tune only)")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -99,32 +104,6 @@ def resolve_folders(args: argparse.Namespace) -> None:
     else:
         args.work = args.work or REPO / "runs" / "convergence"
         args.results = args.results or shipped_results()
-
-
-def scale_of(regime: Regime, *, quick_scale: bool, parts: Parts | None = None,
-             vocab: Path | None = None) -> dict[str, Any]:
-    """What a choice was tuned at (scale, model, batch, tuning length, sources, vocabulary): recorded in
-    chosen.json and checked by ``final``."""
-    return {"scale": "quick" if quick_scale else "full", "steps_per_run": regime.tune_steps, **regime.run_key(),
-            **({"sources_sha256": parts.source_sha256} if parts else {}),
-            **({"vocab_sha256": sha256_of(vocab)} if vocab else {})}
-
-
-def check_scale(chosen: dict[str, Any], regime: Regime, *, path: Path, quick_scale: bool = False,
-                parts: Parts | None = None, vocab: Path | None = None) -> None:
-    """Refuse a choice tuned at another scale than the final runs': a toy-scale (``--quick``) choice, or another
-    model, batch, tuning length, text or vocabulary. A chosen.json written before the scale was recorded is
-    judged by its budget's steps per run."""
-    tuned = chosen.get("tuned_at") or {"steps_per_run": chosen.get("budget", {}).get("lamb", {}).get("steps_per_run")}
-    wanted = scale_of(regime, quick_scale=quick_scale, parts=parts, vocab=vocab)
-    differ = {k: (v, wanted[k]) for k, v in tuned.items() if k in wanted and v != wanted[k]}
-    if differ:
-        what = ", ".join(f"{k} {a} (final: {b})" for k, (a, b) in differ.items())
-        if "steps_per_run" in differ:
-            what += f"; tuned with {tuned['steps_per_run']} steps per run"
-        raise SystemExit(f"{path} was tuned at another scale than this final run: {what}. Tune at this scale "
-                         f"first (`python -m benchmarks.convergence tune --regime {regime.name}"
-                         f"{' --quick' if quick_scale else ''}`); a --quick choice is never used at full scale")
 
 
 def regime_of(name: str, args: argparse.Namespace) -> Regime:
@@ -271,8 +250,14 @@ def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
-    """``defaults``: K-FAC at the library's defaults and LAMB's lr beside the tuned K-FAC, reusing the finals."""
-    return _variants(args, defaults.defaults, "defaults.json")
+    """``defaults``: K-FAC at the library's defaults and LAMB's lr beside the tuned K-FAC, reusing the finals (or,
+    with ``--part tune``, a candidate default beside LAMB's tuning run)."""
+    extra = dict(args.kfac_set)
+    if extra and args.part != "tune":
+        raise SystemExit("--set: candidate defaults are tried on the tune part only (add --part tune); the report "
+                         "part measures what the library ships")
+    return _variants(args, lambda **kw: defaults.defaults(part=args.part, extra=extra, **kw),
+                     "defaults_tune.json" if args.part == "tune" else "defaults.json")
 
 
 def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, Any]:

@@ -6,10 +6,15 @@ KL clip, factor decay), at the learning rate and warmup LAMB's tuning chose, on 
 runs' seeds; the final LAMB and tuned-K-FAC records are reused. Figures per seed, as the ablation reports them:
 final loss, steps and training seconds to LAMB's *final* and to LAMB's *best* held-out loss, as fractions of LAMB's
 run. Records: ``<results>/<regime>/defaults/*.json`` and ``defaults.json``.
+
+Choosing new defaults happens on the tune part only: ``--part tune --set KEY=VALUE ...`` trains the section
+``{"enabled": true, KEY: VALUE, ...}`` with the tuning seed and length beside LAMB's chosen tuning run (reused), into
+``<regime>/defaults_tune/`` and ``defaults_tune.json``; the report part is never touched by it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -20,31 +25,65 @@ from benchmarks.convergence.ablation import seed_rows, summarise
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
 from benchmarks.convergence.runner import RunSpec, run
 
+TUNE_SEED = 0  # the tuning runs' seed (cli.TUNE_SEED)
+
+
+def candidate_name(extra: dict[str, Any]) -> str:
+    """``defaults`` plus the keys set on top of ``{"enabled": true}``, as a record name."""
+    return "defaults" + "".join(f"_{k}{v:g}" if isinstance(v, (int, float)) else f"_{k}{v}"
+                                for k, v in sorted(extra.items()))
+
 
 def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
-             out: Path, info: dict[str, Any], kfac_keys: Any) -> dict[str, Any]:
-    """Run (or reuse) LAMB, the tuned K-FAC and K-FAC at the library's defaults; write ``defaults.json``."""
-    records: dict[str, list[dict[str, Any]]] = {"lamb": [], "tuned": [], "defaults": []}
+             out: Path, info: dict[str, Any], kfac_keys: Any, part: str = "report",
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run (or reuse) LAMB, the tuned K-FAC (report part only) and K-FAC at the library's defaults (with
+    ``extra`` keys set); write ``defaults.json`` (``defaults_tune.json`` for the tune part)."""
+    extra = dict(extra or {})
+    tune = part == "tune"
+    seeds = [TUNE_SEED] if tune else seeds
+    steps = regime.tune_steps if tune else regime.steps
+    folder = out / ("defaults_tune" if tune else "defaults")
+    names = ["lamb", "defaults"] if tune else ["lamb", "tuned", "defaults"]
+    records: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     lamb = chosen["lamb"]
-    for seed, name in tqdm([(s, n) for s in seeds for n in records], desc=f"defaults {regime.name}", unit="run"):
+    for seed, name in tqdm([(s, n) for s in seeds for n in names], desc=f"defaults {regime.name} {part}", unit="run"):
         if name == "defaults":
-            spec = RunSpec(name=f"defaults_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS,
-                           lr=lamb["lr"], warmup=lamb["warmup"], steps=regime.steps, seed=seed,
-                           eval_part="report", kfac={})
-            record = out / "defaults" / f"{spec.name}.json"
+            spec = RunSpec(name=f"{candidate_name(extra)}_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS,
+                           lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed, eval_part=part, kfac=extra)
+            record = folder / f"{spec.name}.json"
+        elif name == "lamb" and tune:  # the chosen LAMB tuning run, under the name tune gave it
+            spec = RunSpec(name=f"lamb_lr{lamb['lr']:g}_warmup{lamb['warmup']:g}", regime=regime.name,
+                           optimizer="lamb", lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed,
+                           eval_part=part)
+            record = out / "tune" / f"{spec.name}.json"
         else:
             s = chosen["lamb" if name == "lamb" else "kfac"]
             spec = RunSpec(name=f"{'lamb' if name == 'lamb' else 'kfac'}_seed{seed}", regime=regime.name,
                            optimizer="lamb" if name == "lamb" else "kfac", lr=s["lr"], warmup=s["warmup"],
-                           steps=regime.steps, seed=seed, eval_part="report",
+                           steps=steps, seed=seed, eval_part=part,
                            kfac=None if name == "lamb" else {**kfac_keys(s), **dict(regime.final_kfac)})
             record = out / "final" / f"{spec.name}.json"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work, record=record, machine=info))
-    rows = seed_rows(records["lamb"], {"tuned": records["tuned"], "defaults": records["defaults"]})
-    result = {"regime": regime.name, "seeds": seeds, "lamb": lamb, "tuned_kfac": chosen["kfac"],
-              "final_kfac": dict(regime.final_kfac), "defaults_kfac_section": {"enabled": True},
+    rows = seed_rows(records["lamb"], {n: records[n] for n in names if n != "lamb"})
+    result = {"regime": regime.name, "part": part, "seeds": seeds, "lamb": lamb, "tuned_kfac": chosen["kfac"],
+              "final_kfac": dict(regime.final_kfac), "defaults_kfac_section": {"enabled": True, **extra},
               "defaults_lr": lamb["lr"], "defaults_warmup": lamb["warmup"], "rows": rows,
               "summary": summarise(rows), "machine": info}
-    (out / "defaults.json").write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    written = out / ("defaults_tune.json" if tune else "defaults.json")
+    if tune:  # one file for every candidate tried on the tune part
+        earlier = json.loads(written.read_text()) if written.is_file() else {}
+        result = {**earlier, candidate_name(extra): result}
+    written.write_text(json.dumps(result, indent=1) + "\n")
+    return result if not tune else result[candidate_name(extra)]
 
+
+def kfac_setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as JSON where it parses (numbers, true, lists), else as a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. factor_update_steps=5")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value

@@ -13,6 +13,7 @@ from benchmarks.convergence import analysis
 from benchmarks.convergence.cli import DATA, DEFAULT_VOCAB, main
 from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
 from benchmarks.convergence.regimes import REGIMES
+from benchmarks.convergence.scale import check_scale, scale_of
 from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.sources import resolve
 from kaisa_ds.report.metrics_log import read_rows
@@ -225,6 +226,20 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert record["curve"]["values"] and {r["variant"] for r in dflt["rows"]} == {"tuned", "defaults"}
     assert set(json.loads((tmp_path / "results" / "small" / "defaults.json").read_text())["summary"]) == {
         "tuned", "defaults"}
+    # a candidate default is tried on the tune part only, beside LAMB's tuning run, never on the report part
+    with pytest.raises(SystemExit, match="--part tune"):
+        main(["defaults", "--regime", "small", "--set", "factor_update_steps=2", *_common(tmp_path)])
+    cand = main(["defaults", "--regime", "small", "--part", "tune", "--set", "factor_update_steps=2",
+                 *_common(tmp_path)])
+    record = json.loads((tmp_path / "results" / "small" / "defaults_tune" /
+                         "defaults_factor_update_steps2_seed0.json").read_text())
+    assert record["inputs"]["ds_config"]["kfac"] == {"enabled": True, "factor_update_steps": 2}
+    assert record["spec"]["eval_part"] == "tune" and record["spec"]["seed"] == 0
+    command = record["command"]
+    assert command[command.index("--eval-data") + 1].startswith("tune=")
+    assert (tmp_path / "results" / "small" / "tune" / "lamb_lr0.01_warmup0.1.json").is_file()
+    assert [r["variant"] for r in cand["rows"]] == ["defaults"]
+    assert {p: p.stat().st_mtime_ns for p in finals} == finals
 
 
 @REAL_DATA
@@ -299,21 +314,20 @@ def test_quick_runs_write_outside_the_shipped_results_and_final_refuses_toy_choi
 
 def test_final_refuses_a_recorded_choice_tuned_at_another_scale(tmp_path: Path) -> None:
     """A chosen.json written before the scale was recorded: its budget's steps per run say the scale."""
-    from benchmarks.convergence import cli
 
     chosen = {"regime": "small", "lamb": {"lr": 0.01, "warmup": 0.1}, "budget": {"lamb": {"steps_per_run": 4}},
               "kfac": {"lr": 0.01, "warmup": 0.1, "damping": 0.01, "factor_every": 1, "inv_every": 2}}
     with pytest.raises(SystemExit, match="4 steps"):
-        cli.check_scale(chosen, REGIMES["small"], path=tmp_path / "chosen.json")
-    cli.check_scale({**chosen, "budget": {"lamb": {"steps_per_run": 1500}}}, REGIMES["small"],
+        check_scale(chosen, REGIMES["small"], path=tmp_path / "chosen.json")
+    check_scale({**chosen, "budget": {"lamb": {"steps_per_run": 1500}}}, REGIMES["small"],
                     path=tmp_path / "chosen.json")
     # tuned at full scale on one text, final on another: the report part would not be the tuned text's
     parts = write_parts(_blocks(tmp_path / "a.txt"), tmp_path / "parts")
-    tuned = {**chosen, "tuned_at": cli.scale_of(REGIMES["small"], quick_scale=False, parts=parts)}
-    cli.check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=parts)
+    tuned = {**chosen, "tuned_at": scale_of(REGIMES["small"], quick_scale=False, parts=parts)}
+    check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=parts)
     other = write_parts(_blocks(tmp_path / "b.txt", n=13), tmp_path / "parts")
     with pytest.raises(SystemExit, match="sources_sha256"):
-        cli.check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=other)
+        check_scale(tuned, REGIMES["small"], path=tmp_path / "chosen.json", parts=other)
 
 
 def test_a_recorded_run_is_reused_only_when_every_input_is_the_same(tmp_path: Path,
