@@ -46,6 +46,21 @@ def heldout_curve(rows: list[dict[str, Any]], *, column: str = "heldout_mlm_loss
                  values=[float(r[column]) for r in points])
 
 
+def training_curve(rows: list[dict[str, Any]], *, at: list[float], column: str = "mlm_loss") -> Curve:
+    """The training ``column`` averaged over each window between evaluation steps ``at`` (the steps in
+    ``(previous, this]``), so it sits beside the held-out curve at the same points: one batch's loss is too noisy to
+    compare, and a window mean is what an overfitting check needs (training falling while held-out does not).
+    A window with no training rows gets NaN."""
+    trained = [r for r in rows if column in r and "step" in r]
+    values, seconds, previous = [], [], float("-inf")
+    for step in at:
+        window = [r for r in trained if previous < float(r["step"]) <= step]
+        values.append(sum(float(r[column]) for r in window) / len(window) if window else float("nan"))
+        seconds.append(float(window[-1].get("elapsed_s", float("nan"))) if window else float("nan"))
+        previous = step
+    return Curve(steps=list(at), seconds=seconds, values=values)
+
+
 @dataclass(frozen=True)
 class Crossing:
     step: float

@@ -34,6 +34,20 @@ def candidate_name(extra: dict[str, Any]) -> str:
                                 for k, v in sorted(extra.items()))
 
 
+def defaults_spec(*, regime: Any, lamb: dict[str, Any], seed: int, steps: int, part: str = "report",
+                  extra: dict[str, Any] | None = None) -> RunSpec:
+    """K-FAC with the section ``{"enabled": true, **extra}`` at LAMB's chosen learning rate and warmup."""
+    extra = dict(extra or {})
+    return RunSpec(name=f"{candidate_name(extra)}_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS,
+                   lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed, eval_part=part, kfac=extra)
+
+
+def lamb_final_spec(*, regime: Any, lamb: dict[str, Any], seed: int) -> RunSpec:
+    """LAMB's final run on the report part at the learning rate and warmup its tuning chose."""
+    return RunSpec(name=f"lamb_seed{seed}", regime=regime.name, optimizer="lamb", lr=lamb["lr"],
+                   warmup=lamb["warmup"], steps=regime.steps, seed=seed, eval_part="report")
+
+
 def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
              out: Path, info: dict[str, Any], kfac_keys: Any, part: str = "report",
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -49,20 +63,21 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
     lamb = chosen["lamb"]
     for seed, name in tqdm([(s, n) for s in seeds for n in names], desc=f"defaults {regime.name} {part}", unit="run"):
         if name == "defaults":
-            spec = RunSpec(name=f"{candidate_name(extra)}_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS,
-                           lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed, eval_part=part, kfac=extra)
+            spec = defaults_spec(regime=regime, lamb=lamb, seed=seed, steps=steps, part=part, extra=extra)
             record = folder / f"{spec.name}.json"
         elif name == "lamb" and tune:  # the chosen LAMB tuning run, under the name tune gave it
             spec = RunSpec(name=f"lamb_lr{lamb['lr']:g}_warmup{lamb['warmup']:g}", regime=regime.name,
                            optimizer="lamb", lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed,
                            eval_part=part)
             record = out / "tune" / f"{spec.name}.json"
+        elif name == "lamb":
+            spec = lamb_final_spec(regime=regime, lamb=lamb, seed=seed)
+            record = out / "final" / f"{spec.name}.json"
         else:
-            s = chosen["lamb" if name == "lamb" else "kfac"]
-            spec = RunSpec(name=f"{'lamb' if name == 'lamb' else 'kfac'}_seed{seed}", regime=regime.name,
-                           optimizer="lamb" if name == "lamb" else "kfac", lr=s["lr"], warmup=s["warmup"],
-                           steps=steps, seed=seed, eval_part=part,
-                           kfac=None if name == "lamb" else {**kfac_keys(s), **dict(regime.final_kfac)})
+            s = chosen["kfac"]
+            spec = RunSpec(name=f"kfac_seed{seed}", regime=regime.name, optimizer="kfac", lr=s["lr"],
+                           warmup=s["warmup"], steps=steps, seed=seed, eval_part=part,
+                           kfac={**kfac_keys(s), **dict(regime.final_kfac)})
             record = out / "final" / f"{spec.name}.json"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work, record=record, machine=info))
     rows = seed_rows(records["lamb"], {n: records[n] for n in names if n != "lamb"})

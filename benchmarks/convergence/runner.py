@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.convergence.parts import Parts, split_recipe
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
-from bert_pretrain.curves import heldout_curve
+from bert_pretrain.curves import heldout_curve, training_curve
 from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
@@ -132,6 +132,9 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
         raise RuntimeError(f"{spec.name}: no heldout_{spec.eval_part}_mlm_loss in {folder / 'run' / 'metrics.jsonl'}")
     result = {"inputs": inputs, "spec": spec.key(), "parts_sha256": parts.source_sha256, "regime": asdict(regime),
               "curve": asdict(curve), "final": None if error else curve.values[-1], "error": error,
+              # training MLM loss, averaged over each window between evaluations: beside the held-out curve it
+              # tells optimisation from regularisation (issue 23 item 2e)
+              "train_curve": asdict(training_curve(rows, at=curve.steps)),
               "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",
                                                    "bert_pretrain", *args], "machine": machine}

@@ -25,7 +25,11 @@ def machine() -> dict[str, Any]:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "load_average_1m": os.getloadavg()[0],  # other work on a shared machine makes timings noisier
         "threading_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
+        # one id per boot: runs compared by wall time must share it (a restarted machine may run at another speed)
+        "boot_id": None,
     }
+    with contextlib.suppress(OSError):
+        info["boot_id"] = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     with contextlib.suppress(OSError, StopIteration):
         info["cpu_model"] = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
                                  .splitlines() if line.startswith("model name"))

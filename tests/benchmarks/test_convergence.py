@@ -201,6 +201,10 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
         rows = read_rows(tmp_path / "work" / "small" / "report" / f"{opt}_seed1" / "run" / "metrics.jsonl")
         reported = [r["heldout_report_mlm_loss"] for r in rows if "heldout_report_mlm_loss" in r]
         assert record["curve"]["values"] == reported and len(reported) == 2  # steps 2 and 4
+        # the training loss beside it: the mean of each window's logged training MLM loss, at the same steps
+        windows = [[r["mlm_loss"] for r in rows if lo < r["step"] <= hi] for lo, hi in ((0, 2), (2, 4))]
+        assert record["train_curve"]["steps"] == record["curve"]["steps"]
+        assert record["train_curve"]["values"] == pytest.approx([sum(w) / len(w) for w in windows])
         assert not any("heldout_tune_mlm_loss" in r or "heldout_mlm_loss" in r for r in rows)
         assert all(r["elapsed_s"] > 0 for r in rows)
         assert small["per_optimizer"][opt]["final"]["mean"] == pytest.approx(reported[-1])
@@ -397,6 +401,23 @@ def test_final_json_names_every_input_it_ran_with(tmp_path: Path, monkeypatch: p
     for given in (str(text), str(vocab), "--steps 6", "--model-size mini"):
         assert given in recorded["command"], given
     assert recorded["command"] == result["command"]
+
+
+def test_same_day_pairs_only_records_of_one_machine_boot(tmp_path: Path) -> None:
+    """A wall-time ratio across a restart measures the machine: a pair is reused only when both records exist,
+    succeeded and name one boot id (older records, without one, never pair)."""
+    from benchmarks.convergence.same_day import same_boot
+
+    def write(name: str, **fields: Any) -> Path:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"error": None, **fields}))
+        return path
+
+    a, b = write("a", machine={"boot_id": "x"}), write("b", machine={"boot_id": "x"})
+    assert same_boot([a, b])
+    assert not same_boot([a, write("c", machine={"boot_id": "y"})])
+    assert not same_boot([a, write("d", machine={})]) and not same_boot([a, tmp_path / "absent.json"])
+    assert not same_boot([a, write("e", machine={"boot_id": "x"}, error="diverged")])
 
 
 def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> None:

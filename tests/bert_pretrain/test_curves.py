@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
 
-from bert_pretrain.curves import Curve, first_crossing, heldout_curve, resumed_elapsed
+from bert_pretrain.curves import Curve, first_crossing, heldout_curve, resumed_elapsed, training_curve
 from bert_pretrain.eval_sets import named_text, renamed
 from kaisa_ds.report.metrics_log import read_rows
 
@@ -24,6 +25,16 @@ def test_a_torn_last_line_is_skipped_with_a_warning(tmp_path: Path, caplog: pyte
     with pytest.raises(ValueError, match=r"metrics\.jsonl:1"):
         read_rows(path)
     assert read_rows(tmp_path / "absent.jsonl") == []
+
+
+def test_training_curve_averages_each_window_between_evaluations() -> None:
+    """Window means at the evaluation steps, the evaluation row's own training loss counted in its window; an
+    empty window is NaN, not a neighbour's value."""
+    rows = [{"step": s, "elapsed_s": float(s), "mlm_loss": float(s)} for s in range(1, 7)]
+    rows[2]["heldout_report_mlm_loss"] = 9.0
+    curve = training_curve(rows, at=[3.0, 6.0, 8.0])
+    assert curve.steps == [3.0, 6.0, 8.0] and curve.values[:2] == [2.0, 5.0] and curve.seconds[:2] == [3.0, 6.0]
+    assert math.isnan(curve.values[2]) and math.isnan(curve.seconds[2])
 
 
 def test_resumed_elapsed_reads_the_checkpoint_row(tmp_path: Path) -> None:

@@ -1,0 +1,85 @@
+"""K-FAC at the library's defaults and LAMB's final runs again, in pairs on one machine boot, for time ratios.
+
+    python -m benchmarks.convergence.same_day --regime large
+
+The ``defaults`` study reuses LAMB's final records, which may come from another day or another machine: on
+2026-11-25 this machine ran the same LAMB step 33% slower than on 2026-11-24, and after a restart the same evening
+slower again, which a ratio across machines counts for or against K-FAC. This trains, per seed, LAMB's final run and
+the defaults run back to back into ``<regime>/same_day/`` (a separate work folder, so the shipped records stay) and
+writes ``<regime>/defaults_same_day.json``: the defaults' ratios against the LAMB run of their own pair, and
+``defaults_same_day_train_heldout.png``: training loss beside held-out loss for both. A pair is
+reused only when both records were made on one boot of one machine (``boot_id``); otherwise both are run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmarks.convergence import ablation
+from benchmarks.convergence.cli import DATA, DEFAULT_VOCAB, FINAL_SEEDS, REPO, shipped_results
+from benchmarks.convergence.defaults import defaults_spec, lamb_final_spec
+from benchmarks.convergence.parts import write_parts
+from benchmarks.convergence.plots import plot_train_heldout
+from benchmarks.convergence.regimes import REGIMES
+from benchmarks.convergence.runner import run
+from benchmarks.harness.machine import machine
+
+
+def same_boot(records: list[Path]) -> bool:
+    """Whether every record exists, succeeded and names one machine boot (records without a boot id never do)."""
+    boots = set()
+    for path in records:
+        if not path.is_file():
+            return False
+        record = json.loads(path.read_text())
+        boot = (record.get("machine") or {}).get("boot_id")
+        if record.get("error") is not None or boot is None:
+            return False
+        boots.add(boot)
+    return len(boots) == 1
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence.same_day", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=list(FINAL_SEEDS))
+    args = p.parse_args(argv)
+    regime = REGIMES[args.regime]
+    parts = write_parts([DATA / t for t in regime.texts], REPO / "runs" / "convergence" / "parts")
+    out = shipped_results() / regime.name
+    lamb_chosen = json.loads((out / "chosen.json").read_text())["lamb"]
+    folder = out / "same_day"
+    lamb: list[dict[str, Any]] = []
+    defaults: list[dict[str, Any]] = []
+    for seed in tqdm(args.seeds, desc=f"same-day pairs {regime.name}", unit="pair"):
+        specs = (lamb_final_spec(regime=regime, lamb=lamb_chosen, seed=seed),
+                 defaults_spec(regime=regime, lamb=lamb_chosen, seed=seed, steps=regime.steps))
+        paths = [folder / f"{spec.name}.json" for spec in specs]
+        if not same_boot(paths):  # a pair split across boots is no pair: both run again, here
+            for path in paths:
+                path.unlink(missing_ok=True)
+        info = machine()
+        done = [run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=REPO / "runs" / "convergence_same_day",
+                    record=path, machine=info) for spec, path in zip(specs, paths)]
+        lamb.append(done[0])
+        defaults.append(done[1])
+    rows = ablation.seed_rows(lamb, {"defaults": defaults})
+    result = {"note": "per seed, LAMB's final run and K-FAC at the library defaults (LAMB's lr and warmup) trained "
+                      "back to back on one machine boot", "regime": regime.name, "seeds": args.seeds,
+              "lamb": lamb_chosen, "rows": rows, "summary": ablation.summarise(rows), "machine": machine()}
+    (out / "defaults_same_day.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot_train_heldout({"lamb": lamb, "defaults": defaults}, out=out / "defaults_same_day_train_heldout.png",
+                       title=f"{regime.name} regime, report part: LAMB vs K-FAC at the library defaults "
+                             f"(LAMB's lr), seeds {', '.join(map(str, args.seeds))}")
+    print(ablation.report(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
