@@ -63,6 +63,10 @@ def plot_train_heldout(records: dict[str, list[dict[str, Any]]], *, title: str, 
                 train = record["train_curve"]
                 ax.plot(train["steps"], train["values"], color=color, lw=1, ls="--", alpha=0.8,
                         label=f"{label}: training (mean since last evaluation)" if label else None)
+            if "train_eval_curve" in record:
+                train = record["train_eval_curve"]
+                ax.plot(train["steps"], train["values"], color=color, lw=1, ls=":", alpha=0.9,
+                        label=f"{label}: training part evaluated (dropout off)" if label else None)
     ax.set(xlabel="optimizer step", ylabel="MLM loss", ylim=(4.5, 8))
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)

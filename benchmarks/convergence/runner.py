@@ -49,13 +49,15 @@ class RunSpec:
 
 
 def train_args(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, config: Path, out: Path,
-               cache: Path) -> list[str]:
-    """bert_pretrain's command line for this run."""
+               cache: Path, also_on_train: bool = False) -> list[str]:
+    """bert_pretrain's command line for this run (``also_on_train``: evaluate the training part too)."""
+    evals = [f"{spec.eval_part}={parts.path(spec.eval_part)}"] + ([f"train={parts.path('train')}"] if also_on_train
+                                                                   else [])
     return ["--phase", "1", "--config", str(config), "--output", str(out), "--max-steps", str(spec.steps),
             "--seed", str(spec.seed), "--data", str(parts.path("train")), "--vocab", str(vocab),
             "--model-size", regime.model_size, "--max-seq-length", str(regime.seq),
             "--max-predictions", str(regime.max_predictions), "--dupe-factor", str(regime.dupe_factor),
-            "--eval-data", f"{spec.eval_part}={parts.path(spec.eval_part)}", "--eval-every", str(regime.eval_every),
+            "--eval-data", *evals, "--eval-every", str(regime.eval_every),
             "--eval-examples", str(regime.eval_examples), "--save-every", "0", "--keep-checkpoints", "1",
             "--data-cache", str(cache)]
 
@@ -95,9 +97,13 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path, record: Path,
-        machine: dict[str, Any]) -> dict[str, Any]:
-    """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds."""
+        machine: dict[str, Any], also_on_train: bool = False) -> dict[str, Any]:
+    """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds.
+    ``also_on_train`` also evaluates a fixed sample of the training part at every evaluation (dropout off, like the
+    held-out evaluation): the training loss without dropout's noise, recorded as ``train_eval_curve``."""
     inputs = run_inputs(spec, regime, parts, vocab=vocab)
+    if also_on_train:  # only then: the key of every record made without it stays as it was
+        inputs["also_on_train"] = True
     if record.is_file():
         old = json.loads(record.read_text())
         # a failed record is not reused: the failure may have been the machine's (a killed launcher, a broken
@@ -116,7 +122,8 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     # prepared with a fixed seed, so every run is evaluated on the same examples
     cache = work / "data" / f"{regime.model_size}_seq{regime.seq}_seed{spec.seed}"
     # no valid record: whatever an earlier attempt left in the run folder is stale, so the run starts over
-    args = [*train_args(spec, regime, parts, vocab=vocab, config=config, out=folder / "run", cache=cache),
+    args = [*train_args(spec, regime, parts, vocab=vocab, config=config, out=folder / "run", cache=cache,
+                        also_on_train=also_on_train),
             "--overwrite"]
     start = time.perf_counter()
     error = None
@@ -135,6 +142,8 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
               # training MLM loss, averaged over each window between evaluations: beside the held-out curve it
               # tells optimisation from regularisation (issue 23 item 2e)
               "train_curve": asdict(training_curve(rows, at=curve.steps)),
+              **({"train_eval_curve": asdict(heldout_curve(rows, column="heldout_train_mlm_loss"))}
+                 if also_on_train else {}),
               "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",
                                                    "bert_pretrain", *args], "machine": machine}

@@ -7,7 +7,8 @@ The ``defaults`` study reuses LAMB's final records, which may come from another 
 slower again, which a ratio across machines counts for or against K-FAC. This trains, per seed, LAMB's final run and
 the defaults run back to back into ``<regime>/same_day/`` (a separate work folder, so the shipped records stay) and
 writes ``<regime>/defaults_same_day.json``: the defaults' ratios against the LAMB run of their own pair, and
-``defaults_same_day_train_heldout.png``: training loss beside held-out loss for both. A pair is
+``defaults_same_day_train_heldout.png``: training loss beside held-out loss for both. ``--eval-train`` also
+evaluates a fixed sample of the training part without dropout (into ``same_day_train_eval/``). A pair is
 reused only when both records were made on one boot of one machine (``boot_id``); otherwise both are run again.
 """
 
@@ -49,12 +50,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--regime", choices=sorted(REGIMES), required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=list(FINAL_SEEDS))
+    p.add_argument("--eval-train", action="store_true",
+                   help="also evaluate a fixed sample of the training part (dropout off) at every evaluation: the "
+                        "pairs go to <regime>/same_day_train_eval/ and defaults_same_day_train_eval.json/.png")
     args = p.parse_args(argv)
     regime = REGIMES[args.regime]
     parts = write_parts([DATA / t for t in regime.texts], REPO / "runs" / "convergence" / "parts")
     out = shipped_results() / regime.name
     lamb_chosen = json.loads((out / "chosen.json").read_text())["lamb"]
-    folder = out / "same_day"
+    stem = "same_day_train_eval" if args.eval_train else "same_day"
+    folder = out / stem
     lamb: list[dict[str, Any]] = []
     defaults: list[dict[str, Any]] = []
     for seed in tqdm(args.seeds, desc=f"same-day pairs {regime.name}", unit="pair"):
@@ -65,16 +70,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for path in paths:
                 path.unlink(missing_ok=True)
         info = machine()
-        done = [run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=REPO / "runs" / "convergence_same_day",
-                    record=path, machine=info) for spec, path in zip(specs, paths)]
+        done = [run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=REPO / "runs" / f"convergence_{stem}",
+                    record=path, machine=info, also_on_train=args.eval_train) for spec, path in zip(specs, paths)]
         lamb.append(done[0])
         defaults.append(done[1])
     rows = ablation.seed_rows(lamb, {"defaults": defaults})
     result = {"note": "per seed, LAMB's final run and K-FAC at the library defaults (LAMB's lr and warmup) trained "
                       "back to back on one machine boot", "regime": regime.name, "seeds": args.seeds,
               "lamb": lamb_chosen, "rows": rows, "summary": ablation.summarise(rows), "machine": machine()}
-    (out / "defaults_same_day.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot_train_heldout({"lamb": lamb, "defaults": defaults}, out=out / "defaults_same_day_train_heldout.png",
+    (out / f"defaults_{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot_train_heldout({"lamb": lamb, "defaults": defaults}, out=out / f"defaults_{stem}_train_heldout.png",
                        title=f"{regime.name} regime, report part: LAMB vs K-FAC at the library defaults "
                              f"(LAMB's lr), seeds {', '.join(map(str, args.seeds))}")
     print(ablation.report(result))

@@ -366,6 +366,28 @@ def test_a_recorded_run_is_reused_only_when_every_input_is_the_same(tmp_path: Pa
 
 
 @REAL_DATA
+def test_a_run_evaluated_on_its_training_part_records_that_curve_under_its_own_key(tmp_path: Path) -> None:
+    """--eval-train (same_day): bert_pretrain evaluates the training part beside the tune part, dropout off; the
+    record holds that curve, and its key differs from the plain run's (neither is reused for the other). One real
+    4-step launch."""
+    from benchmarks.convergence.regimes import QUICK_UNITS, quick
+    from benchmarks.convergence.runner import RunSpec, recorded_inputs, run, run_inputs
+
+    regime = quick(REGIMES["small"])
+    parts = write_parts([DATA / t for t in regime.texts], tmp_path / "parts", max_units=QUICK_UNITS)
+    spec = RunSpec(name="lamb", regime="small", optimizer="lamb", lr=0.01, warmup=0.1, steps=4, seed=0,
+                   eval_part="tune")
+    record = run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=tmp_path / "work", record=tmp_path / "lamb.json",
+                 machine={}, also_on_train=True)
+    rows = read_rows(tmp_path / "work" / "small" / "tune" / "lamb" / "run" / "metrics.jsonl")
+    on_train = [r["heldout_train_mlm_loss"] for r in rows if "heldout_train_mlm_loss" in r]
+    assert record["train_eval_curve"]["values"] == on_train and len(on_train) == 2  # steps 2 and 4
+    assert record["curve"]["steps"] == record["train_eval_curve"]["steps"]
+    assert on_train != record["curve"]["values"]  # another text than the tune part
+    assert recorded_inputs(record) != run_inputs(spec, regime, parts, vocab=DEFAULT_VOCAB)
+
+
+@REAL_DATA
 def test_shipped_records_stay_reusable_under_the_new_key() -> None:
     """Records made before the key covered every input are read compatibly: their inputs are computed from what
     each record says it ran with (the vocab file its command names, its regime and spec), and equal what a run
