@@ -62,7 +62,7 @@ def plot_train_heldout(records: dict[str, list[dict[str, Any]]], *, title: str, 
             if "train_curve" in record:
                 train = record["train_curve"]
                 ax.plot(train["steps"], train["values"], color=color, lw=1, ls="--", alpha=0.8,
-                        label=f"{label}: training (mean since last evaluation)" if label else None)
+                        label=f"{label}: training, dropout on (mean since last evaluation)" if label else None)
             if "train_eval_curve" in record:
                 train = record["train_eval_curve"]
                 ax.plot(train["steps"], train["values"], color=color, lw=1, ls=":", alpha=0.9,
