@@ -49,8 +49,9 @@ def heldout_curve(rows: list[dict[str, Any]], *, column: str = "heldout_mlm_loss
 def training_curve(rows: list[dict[str, Any]], *, at: list[float], column: str = "mlm_loss") -> Curve:
     """The training ``column`` averaged over each window between evaluation steps ``at`` (the steps in
     ``(previous, this]``), so it sits beside the held-out curve at the same points: one batch's loss is too noisy to
-    compare, and a window mean is what an overfitting check needs (training falling while held-out does not).
-    A window with no training rows gets NaN."""
+    compare. The logged loss is taken with dropout on, so it also carries what dropout costs each model; an
+    overfitting check reads a dropout-off evaluation of the training text beside it. A window with no training rows
+    gets NaN."""
     trained = [r for r in rows if column in r and "step" in r]
     values, seconds, previous = [], [], float("-inf")
     for step in at:

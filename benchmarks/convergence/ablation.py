@@ -16,6 +16,7 @@ fractions of LAMB's run. Records: ``<results>/<regime>/ablation/*.json`` and ``a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.convergence import analysis
-from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.convergence.runner import final_spec, run
 from benchmarks.harness.output import table
 from bert_pretrain.curves import first_crossing
 
@@ -89,19 +90,17 @@ def report(result: dict[str, Any]) -> str:
 
 
 def ablation(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], damping: float, vocab: Path,
-             work: Path, out: Path, info: dict[str, Any], kfac_keys: Any) -> dict[str, Any]:
+             work: Path, out: Path, info: dict[str, Any]) -> dict[str, Any]:
     """Run (or reuse) LAMB, K-FAC and identity-curvature K-FAC on the report part; write ``ablation.json``."""
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": [], "identity": []}
     jobs = [(seed, name) for seed in seeds for name in records]
     for seed, name in tqdm(jobs, desc=f"ablation {regime.name}", unit="run"):
-        s = chosen["lamb" if name == "lamb" else "kfac"]
-        kfac = None if name == "lamb" else {**kfac_keys(s), **dict(regime.final_kfac)}
-        folder, spec_name = "final", f"{'kfac' if name == 'kfac' else name}_seed{seed}"
-        if name == "identity":
-            kfac = {**(kfac or {}), "damping": damping}
-            folder, spec_name = "ablation", f"identity_damping{damping:g}_seed{seed}"
-        spec = RunSpec(name=spec_name, regime=regime.name, optimizer="lamb" if name == "lamb" else "kfac",
-                       lr=s["lr"], warmup=s["warmup"], steps=regime.steps, seed=seed, eval_part="report", kfac=kfac)
+        spec = final_spec(regime=regime, chosen=chosen, optimizer="lamb" if name == "lamb" else "kfac", seed=seed)
+        folder = "final"
+        if name == "identity":  # the tuned K-FAC with a damping that drowns the curvature
+            spec = dataclasses.replace(spec, name=f"identity_damping{damping:g}_seed{seed}",
+                                       kfac={**(spec.kfac or {}), "damping": damping})
+            folder = "ablation"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work,
                                  record=out / folder / f"{spec.name}.json", machine=info))
     rows = seed_rows(records["lamb"], {"kfac": records["kfac"], "identity": records["identity"]})

@@ -29,7 +29,7 @@ from benchmarks.convergence import ablation, analysis, defaults
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
-from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.convergence.runner import RunSpec, final_spec, kfac_keys, run
 from benchmarks.convergence.scale import check_scale, scale_of
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import table, write_json
@@ -124,12 +124,6 @@ def parts_of(args: argparse.Namespace, regime: Regime) -> Parts:
                        max_units=QUICK_UNITS if args.quick else None)
 
 
-def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
-    """The kfac-section keys a K-FAC run sets (the rest come from ds_configs/bert_tiny_phase1_kfac.json)."""
-    return {"damping": settings["damping"], "factor_update_steps": settings["factor_every"],
-            "inv_update_steps": settings["inv_every"]}
-
-
 def tune(args: argparse.Namespace) -> dict[str, Any]:
     regime = regime_of(args.regime, args)
     parts = parts_of(args, regime)
@@ -194,10 +188,7 @@ def final_regime(regime: Regime, parts: Parts, args: argparse.Namespace, seeds: 
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
     jobs = [(seed, opt) for seed in seeds for opt in ("lamb", "kfac")]
     for seed, opt in tqdm(jobs, desc=f"final {regime.name}", unit="run"):
-        s = chosen[opt]
-        spec = RunSpec(name=f"{opt}_seed{seed}", regime=regime.name, optimizer=opt, lr=s["lr"], warmup=s["warmup"],
-                       steps=regime.steps, seed=seed, eval_part="report",
-                       kfac={**kfac_keys(s), **dict(regime.final_kfac)} if opt == "kfac" else None)
+        spec = final_spec(regime=regime, chosen=chosen, optimizer=opt, seed=seed)
         records[opt].append(run(spec, regime, parts, vocab=args.vocab, work=args.work,
                                 record=out / "final" / f"{spec.name}.json", machine=info))
     cache = Path(records["lamb"][0]["eval_cache"])
@@ -268,7 +259,7 @@ def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, A
     chosen = load_chosen(regime, parts, args)
     seeds = args.seeds or ([1] if args.quick else list(FINAL_SEEDS))
     result: dict[str, Any] = study(regime=regime, parts=parts, chosen=chosen, seeds=seeds, vocab=args.vocab,
-                                   work=args.work, out=out, info=machine(), kfac_keys=kfac_keys)
+                                   work=args.work, out=out, info=machine())
     print(ablation.report(result))
     print(f"wrote {out / written}")
     return result

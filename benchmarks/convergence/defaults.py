@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from benchmarks.convergence.ablation import seed_rows, summarise
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
-from benchmarks.convergence.runner import RunSpec, run
+from benchmarks.convergence.runner import RunSpec, final_spec, run
 
 TUNE_SEED = 0  # the tuning runs' seed (cli.TUNE_SEED)
 
@@ -42,14 +42,8 @@ def defaults_spec(*, regime: Any, lamb: dict[str, Any], seed: int, steps: int, p
                    lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed, eval_part=part, kfac=extra)
 
 
-def lamb_final_spec(*, regime: Any, lamb: dict[str, Any], seed: int) -> RunSpec:
-    """LAMB's final run on the report part at the learning rate and warmup its tuning chose."""
-    return RunSpec(name=f"lamb_seed{seed}", regime=regime.name, optimizer="lamb", lr=lamb["lr"],
-                   warmup=lamb["warmup"], steps=regime.steps, seed=seed, eval_part="report")
-
-
 def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
-             out: Path, info: dict[str, Any], kfac_keys: Any, part: str = "report",
+             out: Path, info: dict[str, Any], part: str = "report",
              extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run (or reuse) LAMB, the tuned K-FAC (report part only) and K-FAC at the library's defaults (with
     ``extra`` keys set); write ``defaults.json`` (``defaults_tune.json`` for the tune part)."""
@@ -70,14 +64,8 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
                            optimizer="lamb", lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed,
                            eval_part=part)
             record = out / "tune" / f"{spec.name}.json"
-        elif name == "lamb":
-            spec = lamb_final_spec(regime=regime, lamb=lamb, seed=seed)
-            record = out / "final" / f"{spec.name}.json"
-        else:
-            s = chosen["kfac"]
-            spec = RunSpec(name=f"kfac_seed{seed}", regime=regime.name, optimizer="kfac", lr=s["lr"],
-                           warmup=s["warmup"], steps=steps, seed=seed, eval_part=part,
-                           kfac={**kfac_keys(s), **dict(regime.final_kfac)})
+        else:  # LAMB's and the tuned K-FAC's final runs (report part)
+            spec = final_spec(regime=regime, chosen=chosen, optimizer="lamb" if name == "lamb" else "kfac", seed=seed)
             record = out / "final" / f"{spec.name}.json"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work, record=record, machine=info))
     rows = seed_rows(records["lamb"], {n: records[n] for n in names if n != "lamb"})

@@ -48,6 +48,22 @@ class RunSpec:
                          library_defaults=self.optimizer == LIBRARY_DEFAULTS)
 
 
+def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
+    """The kfac-section keys a K-FAC run sets (the rest come from ds_configs/bert_tiny_phase1_kfac.json)."""
+    return {"damping": settings["damping"], "factor_update_steps": settings["factor_every"],
+            "inv_update_steps": settings["inv_every"]}
+
+
+def final_spec(*, regime: Regime, chosen: dict[str, Any], optimizer: str, seed: int) -> RunSpec:
+    """A final run on the report part: ``optimizer`` ("lamb" or "kfac") at the settings its tuning chose (K-FAC
+    with the regime's final cost levers). The final, ablation, defaults and same-day studies all reuse these
+    records, so the spec is built here once."""
+    s = chosen[optimizer]
+    return RunSpec(name=f"{optimizer}_seed{seed}", regime=regime.name, optimizer=optimizer, lr=s["lr"],
+                   warmup=s["warmup"], steps=regime.steps, seed=seed, eval_part="report",
+                   kfac={**kfac_keys(s), **dict(regime.final_kfac)} if optimizer == "kfac" else None)
+
+
 def train_args(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, config: Path, out: Path,
                cache: Path, also_on_train: bool = False) -> list[str]:
     """bert_pretrain's command line for this run (``also_on_train``: evaluate the training part too)."""
@@ -139,8 +155,8 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
         raise RuntimeError(f"{spec.name}: no heldout_{spec.eval_part}_mlm_loss in {folder / 'run' / 'metrics.jsonl'}")
     result = {"inputs": inputs, "spec": spec.key(), "parts_sha256": parts.source_sha256, "regime": asdict(regime),
               "curve": asdict(curve), "final": None if error else curve.values[-1], "error": error,
-              # training MLM loss, averaged over each window between evaluations: beside the held-out curve it
-              # tells optimisation from regularisation (issue 23 item 2e)
+              # training MLM loss as logged (dropout on), averaged over each window between evaluations; to tell
+              # optimisation from generalisation, also_on_train's dropout-off curve is the one to read (item 2e)
               "train_curve": asdict(training_curve(rows, at=curve.steps)),
               **({"train_eval_curve": asdict(heldout_curve(rows, column="heldout_train_mlm_loss"))}
                  if also_on_train else {}),

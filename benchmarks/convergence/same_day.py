@@ -23,11 +23,11 @@ from tqdm import tqdm
 
 from benchmarks.convergence import ablation
 from benchmarks.convergence.cli import DATA, DEFAULT_VOCAB, FINAL_SEEDS, REPO, shipped_results
-from benchmarks.convergence.defaults import defaults_spec, lamb_final_spec
+from benchmarks.convergence.defaults import defaults_spec
 from benchmarks.convergence.parts import write_parts
 from benchmarks.convergence.plots import plot_train_heldout
 from benchmarks.convergence.regimes import REGIMES
-from benchmarks.convergence.runner import run
+from benchmarks.convergence.runner import final_spec, run
 from benchmarks.harness.machine import machine
 
 
@@ -57,13 +57,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     regime = REGIMES[args.regime]
     parts = write_parts([DATA / t for t in regime.texts], REPO / "runs" / "convergence" / "parts")
     out = shipped_results() / regime.name
-    lamb_chosen = json.loads((out / "chosen.json").read_text())["lamb"]
+    chosen = json.loads((out / "chosen.json").read_text())
+    lamb_chosen = chosen["lamb"]
     stem = "same_day_train_eval" if args.eval_train else "same_day"
     folder = out / stem
     lamb: list[dict[str, Any]] = []
     defaults: list[dict[str, Any]] = []
     for seed in tqdm(args.seeds, desc=f"same-day pairs {regime.name}", unit="pair"):
-        specs = (lamb_final_spec(regime=regime, lamb=lamb_chosen, seed=seed),
+        specs = (final_spec(regime=regime, chosen=chosen, optimizer="lamb", seed=seed),
                  defaults_spec(regime=regime, lamb=lamb_chosen, seed=seed, steps=regime.steps))
         paths = [folder / f"{spec.name}.json" for spec in specs]
         if not same_boot(paths):  # a pair split across boots is no pair: both run again, here
