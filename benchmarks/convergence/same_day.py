@@ -55,9 +55,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "pairs go to <regime>/same_day_train_eval/ and defaults_same_day_train_eval.json/.png")
     args = p.parse_args(argv)
     regime = REGIMES[args.regime]
-    parts = write_parts([DATA / t for t in regime.texts], REPO / "runs" / "convergence" / "parts")
     out = shipped_results() / regime.name
+    if not (out / "chosen.json").is_file():
+        p.error(f"{out / 'chosen.json'} is missing: LAMB's tuned settings come from it; make it with "
+                f"`python -m benchmarks.convergence tune --regime {regime.name}`")
     chosen = json.loads((out / "chosen.json").read_text())
+    parts = write_parts([DATA / t for t in regime.texts], REPO / "runs" / "convergence" / "parts")
     lamb_chosen = chosen["lamb"]
     stem = "same_day_train_eval" if args.eval_train else "same_day"
     folder = out / stem

@@ -442,6 +442,18 @@ def test_same_day_pairs_only_records_of_one_machine_boot(tmp_path: Path) -> None
     assert not same_boot([a, write("e", machine={"boot_id": "x"}, error="diverged")])
 
 
+def test_same_day_without_a_tuned_choice_names_the_file_and_the_command(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.convergence import same_day
+
+    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    with pytest.raises(SystemExit):
+        same_day.main(["--regime", "small"])
+    err = capsys.readouterr().err
+    assert str(tmp_path / "small" / "chosen.json") in err and "benchmarks.convergence tune --regime small" in err
+
+
 def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> None:
     """A LAMB whose held-out loss rises late hands out a 'win' against its final; its best loss must be reported
     too."""
