@@ -9,6 +9,7 @@ sweep continues where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -20,6 +21,7 @@ from typing import Any
 from benchmarks.convergence.parts import Parts, split_recipe
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve, training_curve
+from kaisa_ds.config import KFACConfig
 from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
@@ -86,9 +88,18 @@ def run_inputs(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path) -> d
     """Everything a run's result depends on besides the code: its spec, the regime's run-shaping fields, the
     sources' digest and how they were split, the vocabulary's digest, and the full DeepSpeed config (which
     brings in the shipped phase-1 configs' other keys). A recorded run is reused only when all of it is equal."""
-    return {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
-            "split": parts.recipe, "vocab_sha256": sha256_of(vocab),
-            "ds_config": spec.ds_config(regime)}
+    inputs = {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
+              "split": parts.recipe, "vocab_sha256": sha256_of(vocab), "ds_config": spec.ds_config(regime)}
+    if spec.optimizer == LIBRARY_DEFAULTS:  # its section names no option: the library's defaults shape the run
+        inputs["library_defaults"] = library_defaults()
+    return inputs
+
+
+def library_defaults() -> dict[str, Any]:
+    """Every :class:`~kaisa_ds.config.KFACConfig` option at its default, as JSON values (enums, dtypes as text)."""
+    config = KFACConfig()
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if not f.name.startswith("_")}
+    return dict(json.loads(json.dumps(values, default=str)))
 
 
 def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ import pytest
 from benchmarks.convergence import analysis
 from benchmarks.convergence.cli import DATA, DEFAULT_VOCAB, main
 from benchmarks.convergence.parts import PARTS, SplitError, units, write_parts
-from benchmarks.convergence.regimes import REGIMES
+from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, REGIMES
 from benchmarks.convergence.scale import check_scale, scale_of
 from bert_pretrain.data.documents import iter_documents
 from bert_pretrain.data.sources import resolve
@@ -478,3 +478,31 @@ def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> Non
     never = seed_rows(lamb, {"kfac": [record(1, [7.2, 7.1, 7.0, 6.9])]})
     assert never[0]["to_lamb_final"]["step"] is None
     assert summarise(never)["kfac"]["to_lamb_final"]["time_ratio"]["missing"] == 1
+
+
+def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A defaults run's section is ``{"enabled": true}`` whatever the defaults are, so its key must carry the
+    library's defaults themselves: otherwise a record made at the old defaults is reused as if made at the new
+    ones. K-FAC runs that name their keys are not affected by it."""
+    import dataclasses
+
+    from benchmarks.convergence import runner
+    from benchmarks.convergence.parts import Parts
+    from benchmarks.convergence.runner import RunSpec, run_inputs
+    from kaisa_ds.config import KFACConfig
+
+    @dataclasses.dataclass
+    class NewDefaults(KFACConfig):
+        inv_update_steps: Any = 37
+
+    regime = REGIMES["large"]
+    parts = Parts(folder=Path("unused"), source_sha256="x", units={})
+    spec = RunSpec(name="defaults_seed1", regime="large", optimizer=LIBRARY_DEFAULTS, lr=0.02, warmup=0.2,
+                   steps=450, seed=1, eval_part="report", kfac={})
+    tuned = RunSpec(name="kfac_seed1", regime="large", optimizer="kfac", lr=0.02, warmup=0.2, steps=450, seed=1,
+                    eval_part="report", kfac={"damping": 1e-6, "factor_update_steps": 1, "inv_update_steps": 10})
+    before = run_inputs(spec, regime, parts, vocab=DEFAULT_VOCAB)
+    tuned_before = run_inputs(tuned, regime, parts, vocab=DEFAULT_VOCAB)
+    monkeypatch.setattr(runner, "KFACConfig", NewDefaults, raising=False)
+    assert run_inputs(spec, regime, parts, vocab=DEFAULT_VOCAB) != before
+    assert run_inputs(tuned, regime, parts, vocab=DEFAULT_VOCAB) == tuned_before
