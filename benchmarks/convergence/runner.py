@@ -90,15 +90,17 @@ def run_inputs(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path) -> d
     brings in the shipped phase-1 configs' other keys). A recorded run is reused only when all of it is equal."""
     inputs = {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
               "split": parts.recipe, "vocab_sha256": sha256_of(vocab), "ds_config": spec.ds_config(regime)}
-    if spec.optimizer == LIBRARY_DEFAULTS:  # its section names no option: the library's defaults shape the run
-        inputs["library_defaults"] = library_defaults()
+    if spec.optimizer == LIBRARY_DEFAULTS:  # its section names few options: the library's defaults shape the run
+        inputs["library_defaults"] = library_defaults(set_keys=set(spec.kfac or {}))
     return inputs
 
 
-def library_defaults() -> dict[str, Any]:
-    """Every :class:`~kaisa_ds.config.KFACConfig` option at its default, as JSON values (enums, dtypes as text)."""
+def library_defaults(*, set_keys: set[str]) -> dict[str, Any]:
+    """Every :class:`~kaisa_ds.config.KFACConfig` option a section leaves at its default (those not in
+    ``set_keys``), as JSON values (enums and dtypes as text)."""
     config = KFACConfig()
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if not f.name.startswith("_")}
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if not f.name.startswith("_") and f.name not in set_keys}
     return dict(json.loads(json.dumps(values, default=str)))
 
 
