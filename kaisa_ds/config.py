@@ -109,8 +109,8 @@ class KFACConfig:
             with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
     """
 
-    factor_update_steps: ScheduleLike = 1
-    inv_update_steps: ScheduleLike = 1
+    factor_update_steps: ScheduleLike = 5  # 5 / 50: benchmarks/results/convergence/defaults_rule.md says how chosen
+    inv_update_steps: ScheduleLike = 50
     damping: ScheduleLike | None = None  # absolute; None: see relative_damping
     relative_damping: ScheduleLike | None = None
     damping_mode: DampingMode | str | None = None  # None: absolute when damping is given, else relative

@@ -15,6 +15,7 @@ from kaisa_ds.engine.monitor import kfac_events
 from kaisa_ds.layers.groups import layer_group
 from tests.support.launch import run_distributed
 from tests.support.models import TinyMLP, TinyTransformerish
+from tests.support.training import EVERY_STEP
 
 
 def _step(model: torch.nn.Module, precond: KFACPreconditioner, seed: int) -> None:
@@ -63,7 +64,7 @@ def _failing_eigh(*args: object, **kwargs: object) -> None:
 def test_consecutive_failures_stop_with_the_factor_named(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.manual_seed(0)
     model = TinyMLP()
-    precond = KFACPreconditioner(model, max_decomposition_failures=2)
+    precond = KFACPreconditioner(model, max_decomposition_failures=2, **EVERY_STEP)
     x = torch.randn(4, 6)
     model(x).pow(2).mean().backward()
     precond.step()  # a good first decomposition
@@ -82,7 +83,7 @@ def test_consecutive_failures_stop_with_the_factor_named(monkeypatch: pytest.Mon
 def _fail_on_rank_one(rank: int, world: int) -> str:
     torch.manual_seed(0)
     model = TinyMLP()
-    precond = KFACPreconditioner(model, max_decomposition_failures=1, grad_worker_fraction="mem-opt")
+    precond = KFACPreconditioner(model, max_decomposition_failures=1, grad_worker_fraction="mem-opt", **EVERY_STEP)
     if rank == 1:
         torch.linalg.eigh = _failing_eigh  # this process only
     try:

@@ -12,6 +12,7 @@ from torch import nn
 from kaisa_ds import KFACPreconditioner
 from tests.support.launch import run_distributed
 from tests.support.models import TinyMLP
+from tests.support.training import EVERY_STEP
 
 
 def _step(model: nn.Module, precond: KFACPreconditioner, x: torch.Tensor) -> None:
@@ -72,7 +73,7 @@ def test_failed_decomposition_retries_in_fp64_then_keeps_previous(monkeypatch: p
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = TinyMLP()
-    precond = KFACPreconditioner(model)
+    precond = KFACPreconditioner(model, **EVERY_STEP)
     _step(model, precond, torch.randn(4, 6))
     kept = {n: d.eigvecs.clone() for n, d in precond.decompositions.items() if d.eigvecs is not None}
     real_eigh = torch.linalg.eigh

@@ -24,7 +24,8 @@ def _train(use_kfac: bool) -> float:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    precond = KFACPreconditioner(model, damping=0.01, lr=0.05, kl_clip=0.01, inv_update_steps=5) if use_kfac else None
+    precond = KFACPreconditioner(model, damping=0.01, lr=0.05, kl_clip=0.01, factor_update_steps=1,
+                                 inv_update_steps=5) if use_kfac else None
     x, y = _problem()
     for step in range(STEPS):
         idx = torch.arange(step * 64, (step + 1) * 64) % x.shape[0]

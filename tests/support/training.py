@@ -10,6 +10,10 @@ from torch import nn
 
 from kaisa_ds import KFACPreconditioner
 
+# Statistics and decompositions at every step: for tests whose point needs the factors of each step (the library's
+# defaults space them out for cost)
+EVERY_STEP = {"factor_update_steps": 1, "inv_update_steps": 1}
+
 
 def train_steps(model: nn.Module, precond: KFACPreconditioner, opt: torch.optim.Optimizer,
                 batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:

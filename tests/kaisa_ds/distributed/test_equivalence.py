@@ -26,7 +26,8 @@ def _train(fraction: float | str, rank: int, world: int, symmetry_aware: bool = 
     torch.manual_seed(0)
     model: torch.nn.Module = TinyWithUnusedHead() if unused_head else TinyTransformerish()
     precond = KFACPreconditioner(model, grad_worker_fraction=fraction, damping=0.01, kl_clip=0.05, lr=0.1,
-                                 inv_update_steps=2, factor_decay=0.9, symmetry_aware=symmetry_aware)
+                                 factor_update_steps=1, inv_update_steps=2, factor_decay=0.9,
+                                 symmetry_aware=symmetry_aware)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     shard = GLOBAL_BATCH // world
     out = []
@@ -112,7 +113,8 @@ def _factor_run(rank: int, world: int, *, dtype: str | None, overlap: bool, pass
     """STEPS steps of this rank's shard in ``passes`` accumulation passes; grads per step and the final factors."""
     torch.manual_seed(0)
     model = TinyTransformerish()
-    precond = KFACPreconditioner(model, damping=0.01, kl_clip=0.05, lr=0.1, inv_update_steps=2, factor_decay=0.9,
+    precond = KFACPreconditioner(model, damping=0.01, kl_clip=0.05, lr=0.1, factor_update_steps=1, inv_update_steps=2,
+                                 factor_decay=0.9,
                                  factor_dtype=dtype, overlap_factor_reduction=overlap, accumulation_steps=passes,
                                  allreduce_bucket_cap_mb=1e-4,  # tiny buckets: several start in the backward pass
                                  factor_pass_fraction=pass_fraction)

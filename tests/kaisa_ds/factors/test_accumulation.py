@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.factors.factor import KroneckerFactor
 from tests.support.models import TinyTransformerish
+from tests.support.training import EVERY_STEP
 
 
 def _factors_after_one_step(passes: int, loss_scale: float = 1.0, **kwargs: object) -> dict[str, torch.Tensor]:
@@ -145,7 +146,7 @@ def test_a_factor_counts_a_batch_fed_again_as_the_same_tensor(same_object: bool)
     across passes and silently dropped every later statistic of that layer."""
     torch.manual_seed(0)
     model = TinyTransformerish()
-    precond = KFACPreconditioner(model, kl_clip=None, factor_decay=0.5, skip_layers=[])
+    precond = KFACPreconditioner(model, kl_clip=None, factor_decay=0.5, skip_layers=[], **EVERY_STEP)
     ids = torch.randint(0, 11, (8, 5), generator=torch.Generator().manual_seed(5))
     target = torch.zeros(8, 5, 5)
     snapshots = []

@@ -12,6 +12,7 @@ from kaisa_ds import KFACConfig, KFACPreconditioner
 from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import second_moment_sum
 from tests.support.models import TinyTransformerish
+from tests.support.training import EVERY_STEP
 
 
 def _rows(n: int = 64, d: int = 5) -> torch.Tensor:
@@ -59,7 +60,7 @@ def test_rows_depend_on_step_and_pass_only() -> None:
 def _factors(fraction: float, step: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = TinyTransformerish()
-    precond = KFACPreconditioner(model, kl_clip=None, factor_sample_fraction=fraction)
+    precond = KFACPreconditioner(model, kl_clip=None, factor_sample_fraction=fraction, **EVERY_STEP)
     precond.steps = step  # a different subset per run, as on successive steps
     g = torch.Generator().manual_seed(5)
     ids, target = torch.randint(0, 11, (8, 6), generator=g), torch.randn(8, 6, 5, generator=g)
@@ -99,7 +100,7 @@ def _window_factors(fraction: float, step: int, *, loss_scale: float = 1.0,
     torch.manual_seed(0)
     model = TinyTransformerish()
     precond = KFACPreconditioner(model, kl_clip=None, accumulation_steps=PASSES, factor_pass_fraction=fraction,
-                                 loss_scale=lambda: loss_scale, factor_dtype=dtype)
+                                 loss_scale=lambda: loss_scale, factor_dtype=dtype, **EVERY_STEP)
     precond.steps = step
     g = torch.Generator().manual_seed(5)
     for _ in range(PASSES):

@@ -6,6 +6,7 @@ import torch
 
 from kaisa_ds import KFACPreconditioner
 from tests.support.models import TinyTransformerish
+from tests.support.training import EVERY_STEP
 
 
 def test_eval_and_no_grad_passes_are_not_captured() -> None:
@@ -24,7 +25,7 @@ def test_eval_and_no_grad_passes_are_not_captured() -> None:
 
 def test_query_key_value_share_one_a_factor_counted_once() -> None:
     model = TinyTransformerish()
-    precond = KFACPreconditioner(model)
+    precond = KFACPreconditioner(model, **EVERY_STEP)
     ids = torch.randint(0, 11, (2, 3))
     model(ids).sum().backward()
     assert precond.capture.same_input == {"key": "query", "value": "query"}
