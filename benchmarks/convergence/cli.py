@@ -29,7 +29,7 @@ from benchmarks.convergence import ablation, analysis, defaults
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
-from benchmarks.convergence.runner import RunSpec, final_spec, kfac_keys, run
+from benchmarks.convergence.runner import final_spec, kfac_keys, run, tune_spec
 from benchmarks.convergence.scale import check_scale, scale_of
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import table, write_json
@@ -38,7 +38,6 @@ logger = logging.getLogger("benchmarks.convergence")
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 DEFAULT_VOCAB = DATA / "bert-vocab" / "vocab.txt"
-TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
 FINAL_SEEDS = (1, 2, 3)
 TARGETS_BELOW_PLATEAU = (analysis.PLATEAU_MARGIN, 1.0)  # nats below the plateau: the two fixed targets
 
@@ -133,12 +132,9 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     def sweep(grid: list[dict[str, Any]], optimizer: str) -> list[dict[str, Any]]:
         records = []
         for s in tqdm(grid, desc=f"tune {regime.name} {optimizer}", unit="run"):
-            name = optimizer + "".join(f"_{k}{v:g}" for k, v in s.items() if k != "lr_scale")
-            spec = RunSpec(name=name, regime=regime.name, optimizer=optimizer, lr=s["lr"], warmup=s["warmup"],
-                           steps=regime.tune_steps, seed=TUNE_SEED, eval_part="tune",
-                           kfac=kfac_keys(s) if optimizer == "kfac" else None)
-            record = run(spec, regime, parts, vocab=args.vocab, work=args.work, record=out / "tune" / f"{name}.json",
-                         machine=info)
+            spec = tune_spec(regime=regime, settings=s, optimizer=optimizer)
+            record = run(spec, regime, parts, vocab=args.vocab, work=args.work,
+                         record=out / "tune" / f"{spec.name}.json", machine=info)
             records.append({**record, "settings": s})
         return records
 

@@ -23,9 +23,7 @@ from tqdm import tqdm
 
 from benchmarks.convergence.ablation import seed_rows, summarise
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
-from benchmarks.convergence.runner import RunSpec, final_spec, run
-
-TUNE_SEED = 0  # the tuning runs' seed (cli.TUNE_SEED)
+from benchmarks.convergence.runner import TUNE_SEED, RunSpec, final_spec, run, tune_spec
 
 
 def candidate_name(extra: dict[str, Any]) -> str:
@@ -60,9 +58,7 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
             spec = defaults_spec(regime=regime, lamb=lamb, seed=seed, steps=steps, part=part, extra=extra)
             record = folder / f"{spec.name}.json"
         elif name == "lamb" and tune:  # the chosen LAMB tuning run, under the name tune gave it
-            spec = RunSpec(name=f"lamb_lr{lamb['lr']:g}_warmup{lamb['warmup']:g}", regime=regime.name,
-                           optimizer="lamb", lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed,
-                           eval_part=part)
+            spec = tune_spec(regime=regime, settings=lamb, optimizer="lamb")
             record = out / "tune" / f"{spec.name}.json"
         else:  # LAMB's and the tuned K-FAC's final runs (report part)
             spec = final_spec(regime=regime, chosen=chosen, optimizer="lamb" if name == "lamb" else "kfac", seed=seed)

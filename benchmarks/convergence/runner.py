@@ -56,6 +56,18 @@ def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
             "inv_update_steps": settings["inv_every"]}
 
 
+TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
+
+
+def tune_spec(*, regime: Regime, settings: dict[str, Any], optimizer: str) -> RunSpec:
+    """A tuning run on the tune part: ``optimizer`` ("lamb" or "kfac") at one grid point, named after it. The tuning
+    sweep and the defaults study (which reuses LAMB's chosen tuning run) both build it here."""
+    name = optimizer + "".join(f"_{k}{v:g}" for k, v in settings.items() if k != "lr_scale")
+    return RunSpec(name=name, regime=regime.name, optimizer=optimizer, lr=settings["lr"], warmup=settings["warmup"],
+                   steps=regime.tune_steps, seed=TUNE_SEED, eval_part="tune",
+                   kfac=kfac_keys(settings) if optimizer == "kfac" else None)
+
+
 def final_spec(*, regime: Regime, chosen: dict[str, Any], optimizer: str, seed: int) -> RunSpec:
     """A final run on the report part: ``optimizer`` ("lamb" or "kfac") at the settings its tuning chose (K-FAC
     with the regime's final cost levers). The final, ablation, defaults and same-day studies all reuse these
