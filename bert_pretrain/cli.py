@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-after", type=at_least(1),
                      help="stop after this many steps of this invocation without a final save, as if killed "
                           "(to exercise --resume); the schedule still follows --max-steps")
+    run.add_argument("--stop-at-heldout", type=float, metavar="LOSS",
+                     help="end the phase at the first evaluation whose held-out MLM loss is at or below LOSS, saving "
+                          "the model there as final/ (the schedule still follows --max-steps): e.g. the baseline's "
+                          "final loss, to take a model at the point it reaches the baseline's quality")
     model = p.add_argument_group("model")
     model.add_argument("--model-size",
                        help=f"tiny (hidden 128, 2 layers), mini (256, 4), base, large, or a local model folder "

@@ -8,11 +8,15 @@ under ``inv_update_steps`` 50). This is a warning, not an error: a short smoke r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+from kaisa_ds.config import KFACConfig
+
 logger = logging.getLogger(__name__)
+LIBRARY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(KFACConfig)}
 
 WHAT = {"factor_update_steps": "the factors are gathered", "inv_update_steps": "the factors are decomposed"}
 
@@ -26,12 +30,13 @@ def interval_warnings(config: Mapping[str, Any], *, steps: int, source: str) -> 
         return []
     messages = []
     for key, what in WHAT.items():
-        every = kfac.get(key, 1)
+        every = kfac.get(key, LIBRARY_DEFAULTS[key])  # a section that leaves it out gets the library's default
         if isinstance(every, bool) or not isinstance(every, int) or every < steps:
             continue
-        messages.append(f"{source}: kfac.{key} {every} is not shorter than the run's {steps} steps, so {what} only "
-                        f"at its first step and that one update serves all {steps} steps; set kfac.{key} to at most "
-                        f"{max(1, steps // 3)} for a few updates in this run (or run more steps)")
+        given = "" if key in kfac else " (the library's default)"
+        messages.append(f"{source}: kfac.{key} {every}{given} is not shorter than the run's {steps} steps, so "
+                        f"{what} only at its first step and that one update serves all {steps} steps; set "
+                        f"kfac.{key} to at most {max(1, steps // 3)} for a few updates in this run (or run more steps)")
     for message in messages:
         logger.warning("%s", message)
     return messages

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -51,6 +52,12 @@ def check_args(args: Namespace) -> None:
         check_casing(path, vocab_tokens(path, flag=flag), lower_case=not args.cased, flag=flag)
     check_model_flags(args)
     check_vocab_flags(args)
+    target = getattr(args, "stop_at_heldout", None)
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise DataError(f"--stop-at-heldout {target}: give a held-out MLM loss, a finite number > 0")
+    if target is not None and getattr(args, "eval_data", None):
+        raise DataError("--stop-at-heldout compares the loss on the documents held out of --data, which --eval-data "
+                        "replaces: leave one of them out")
     if args.articles is not None and args.data:
         raise DataError(f"--articles {args.articles} sizes the built-in corpus, which --data replaces; leave "
                         "--articles out")
@@ -139,7 +146,7 @@ def finished_summary(out: Path, *, max_steps: int) -> dict[str, Any] | None:
     except ValueError:
         logger.warning("%s is unreadable; the run is treated as unfinished", path)
         return None
-    if summary.get("steps") != max_steps:
+    if summary.get("scheduled_steps", summary.get("steps")) != max_steps:  # scheduled: --stop-at-heldout ends early
         raise DataError(f"--resume: {out} holds a run that finished {summary.get('steps')} steps, but --max-steps "
                         f"is {max_steps}; its schedule cannot be extended. Use another --output for a new run")
     return summary

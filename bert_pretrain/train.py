@@ -198,7 +198,7 @@ def run(args: Namespace) -> dict[str, Any]:
     baseline = most_frequent_target(train_set)
     stop = min(max_steps, start + args.stop_after) if args.stop_after else max_steps
     bar = tqdm(total=max_steps, initial=start, desc=f"phase {args.phase}", unit="step", disable=rank != 0)
-    t_start, last = time.perf_counter(), {}
+    t_start, last, reached = time.perf_counter(), {}, False
     elapsed = resumed_elapsed(out / "metrics.jsonl", start) if args.resume and rank == 0 else 0.0  # rank 0 logs
     for step in range(start + 1, stop + 1):
         faults.inject("step", rank=rank, step=step)
@@ -212,21 +212,28 @@ def run(args: Namespace) -> dict[str, Any]:
                 result = evaluate(module, data, device=engine.device, examples=args.eval_examples,
                                   micro_batch=micro, rank=rank, world=world, baseline_token=baseline)
                 row.update(eval_sets.renamed(result, name) if name else result)
+        reached = reached_target(row, args.stop_at_heldout)  # the loss is reduced over ranks: all agree
         metrics.write(row)  # rank 0's; DeepSpeed's monitor writes on rank 0 only too
         send_to_monitor(engine, row)
         last = row
         bar.update()
         bar.set_postfix(loss=f"{row['loss']:.3f}")
-        if (args.save_every and step % args.save_every == 0) or step == max_steps:
+        if (args.save_every and step % args.save_every == 0) or step == max_steps or reached:
             checkpoints.save(engine, ckpt_dir, step=step, consumed=consumed, rank=rank, world=world,
                              keep=args.keep_checkpoints, pins=pins, vocab=cache / "vocab.txt")
+        if reached:
+            logger.info("held-out MLM loss %.4f at step %d is at or below --stop-at-heldout %g: phase ends here",
+                        row["heldout_mlm_loss"], step, args.stop_at_heldout)
+            break
     bar.close()
-    if stop < max_steps:
+    if stop < max_steps and not reached:
         logger.warning("stopped after step %d of %d (--stop-after); continue with --resume", stop, max_steps)
         return {"stopped_at": stop, "rank": rank}
     if not last and rank == 0:  # killed after the final checkpoint, before the summary: take the logged row
         last = next((r for r in reversed(metrics.rows()) if "loss" in r), {})
-    summary = {"phase": args.phase, "steps": max_steps, "resumed_from": start,
+    summary = {"phase": args.phase, "steps": last.get("step", max_steps) if reached else max_steps,
+               "scheduled_steps": max_steps, "resumed_from": start,
+               **({"stopped_at_heldout": args.stop_at_heldout} if reached else {}),
                "wall_seconds": round(time.perf_counter() - t_start, 2), "world_size": world,
                "global_batch": global_batch, "kfac": engine.kfac is not None, "final_train_loss": last.get("loss"),
                **{k: v for k, v in last.items() if k.startswith("heldout_")}, **data_record(folder, cache, args),
@@ -237,6 +244,12 @@ def run(args: Namespace) -> dict[str, Any]:
         write_atomic(out / "summary.json",
                      json.dumps({k: v for k, v in summary.items() if k != "rank"}, indent=1).encode())
     return summary
+
+
+def reached_target(row: dict[str, Any], target: float | None) -> bool:
+    """Whether this step's evaluation (if it had one) reached ``--stop-at-heldout``."""
+    loss = row.get("heldout_mlm_loss")
+    return target is not None and loss is not None and loss <= target
 
 
 def data_record(folder: Path, cache: Path, args: Namespace) -> dict[str, Any]:

@@ -92,18 +92,54 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
     """One variant's report.json entry; ``target`` is LAMB's final phase-1 held-out MLM loss."""
     curve = phase1_curve(root)
     hit = first_crossing(curve, target) if target is not None and curve.values else None
-    p2 = read_json(root / "phase2" / "summary.json")
+    p1, p2 = read_json(root / "phase1" / "summary.json"), read_json(root / "phase2" / "summary.json")
     squad = read_json(root / "squad" / "eval_results.json")
     train_seconds = [read_rows(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
     return {
+        "phase1_train_seconds": curve.seconds[-1] if curve.seconds else None,
+        "phase1_stopped_at_heldout": p1.get("stopped_at_heldout"),
         "pretrain_seconds": stage_seconds.get("phase1", 0.0) + stage_seconds.get("phase2", 0.0) or None,
         "pretrain_train_seconds": sum(rows[-1].get("elapsed_s", 0.0) for rows in train_seconds if rows) or None,
-        "phase1_steps": read_json(root / "phase1" / "summary.json").get("steps"), "phase2_steps": p2.get("steps"),
+        "phase1_steps": p1.get("steps"), "phase2_steps": p2.get("steps"),
         "final_heldout_mlm": curve.final, "phase2_final_heldout_mlm": p2.get("heldout_mlm_loss"),
         "steps_to_lamb_final": hit.step if hit else None, "seconds_to_lamb_final": hit.seconds if hit else None,
         "squad_f1": squad.get("f1"), "squad_em": squad.get("exact_match"),
         "heldout_curve": {"steps": curve.steps, "seconds": curve.seconds, "values": curve.values},
     }
+
+
+def add_ratios(figures: dict[str, dict[str, Any]]) -> None:
+    """Each variant's steps and training seconds to LAMB's final as fractions of LAMB's whole phase 1."""
+    lamb = figures.get(BASELINE, {})
+    total_s, total_steps = lamb.get("phase1_train_seconds"), (lamb.get("heldout_curve") or {}).get("steps")
+    for f in figures.values():
+        seconds, steps = f.get("seconds_to_lamb_final"), f.get("steps_to_lamb_final")
+        f["time_ratio_to_lamb_final"] = seconds / total_s if seconds is not None and total_s else None
+        f["step_ratio_to_lamb_final"] = steps / total_steps[-1] if steps is not None and total_steps else None
+
+
+def headline(figures: dict[str, dict[str, Any]]) -> list[str]:
+    """The report's first lines: for each variant but LAMB, the share of LAMB's phase-1 training time it needed
+    to reach LAMB's final held-out MLM loss, and the F1 of the model taken there."""
+    lamb = figures.get(BASELINE)
+    if lamb is None or lamb.get("final_heldout_mlm") is None:
+        return ["LAMB's phase 1 has no held-out loss: no time to compare."]
+    lines = []
+    for name, f in figures.items():
+        if name == BASELINE:
+            continue
+        where = (f"its phase 1 ended there (at step {f['phase1_steps']}) and that model was fine-tuned"
+                 if f.get("phase1_stopped_at_heldout") is not None else "its phase 1 ran all its steps")
+        if f.get("time_ratio_to_lamb_final") is None:
+            lines.append(f"**{f['label']} never reached LAMB's final phase-1 held-out MLM loss "
+                         f"({lamb['final_heldout_mlm']:.4f})**: its final was {_fmt(f['final_heldout_mlm'])}.")
+            continue
+        lines.append(f"**{f['label']} reached LAMB's final phase-1 held-out MLM loss "
+                     f"({lamb['final_heldout_mlm']:.4f}) in {f['time_ratio_to_lamb_final']:.2f}× LAMB's phase-1 "
+                     f"training time** ({f['seconds_to_lamb_final']:.0f} s against {lamb['phase1_train_seconds']:.0f} "
+                     f"s; {f['step_ratio_to_lamb_final']:.2f}× its steps); {where}. SQuAD F1 "
+                     f"{_fmt(f['squad_f1'], '.2f')} against LAMB's full run's {_fmt(lamb['squad_f1'], '.2f')}.")
+    return lines
 
 
 def _fmt(v: Any, spec: str = ".4f") -> str:
@@ -131,11 +167,13 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
             warnings.append(f"the variant run as '{requested}' recorded K-FAC {kfac} in its phase summaries: its row "
                             f"is labelled '{labels[requested]}'")
             logger.warning("%s", warnings[-1])
+    add_ratios(figures)
     shown = {labels[k]: root for k, root in runs.items()}
     plot_losses(shown, out_dir / "loss_curves.png")
     plot_heldout(shown, out_dir / "heldout_curves.png", target=target)
     lines = ["# kaisa_ds main job: " + " vs. ".join(labels.values()), "",
              *(f"**Warning:** {w}" + "\n" for w in warnings),
+             *headline(figures), "",
              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
              "| run | phase-1 steps | phase-2 steps | pretrain wall s | final phase-1 loss | final phase-2 loss "
              "| held-out MLM acc | SQuAD EM | SQuAD F1 | F1 before fine-tuning | phase-1 held-out MLM "
@@ -171,12 +209,15 @@ def measured(settings: dict[str, Any]) -> str:
     """The plain-words scale statement of the report."""
     data = settings.get("data", "built-in")
     corpus = "the built-in generated corpus" if data == "built-in" else f"{data}"
-    return (f"BERT-{settings.get('model', '?')} pretrained for {settings.get('phase1_steps', '?')} phase-1 steps "
-            f"(128 tokens) and {settings.get('phase2_steps', '?')} phase-2 steps (512 tokens) on "
-            f"{settings.get('ranks', '?')} ranks on {corpus}, then fine-tuned on SQuAD-style questions; one seed. "
-            "'Held-out MLM' is the masked-LM loss on the corpus documents held out of training (phase 1), "
-            f"evaluated every {settings.get('eval_every', '?')} steps and at the end; 'training s' are the summed "
-            "optimizer-step seconds (evaluation and checkpointing excluded), interpolated between evaluations where "
-            "a curve crosses LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases "
-            "(start-up, evaluation and saving included). At this scale the run checks the pipeline end to end; it "
-            "is not evidence about K-FAC's speed-up at BERT-Large scale (see benchmarks/README.md#convergence).")
+    steps = settings.get("phase1_steps", "?")
+    until = (" (K-FAC's until it first reached LAMB's final held-out loss)"
+             if settings.get("kfac_until_lamb_final") else "")
+    return (f"BERT-{settings.get('model', '?')} pretrained for {steps} phase-1 steps{until} "
+            f"({settings.get('phase1_seq_length', 128)} tokens) and {settings.get('phase2_steps', '?')} phase-2 steps "
+            f"(512 tokens) on {settings.get('ranks', '?')} ranks on {corpus}, then fine-tuned on SQuAD-style "
+            "questions; one seed. 'Held-out MLM' is the masked-LM loss on the corpus documents held out of training "
+            f"(phase 1), evaluated every {settings.get('eval_every', '?')} steps and at the end; 'training s' are the "
+            "summed optimizer-step seconds (evaluation and checkpointing excluded), interpolated between evaluations "
+            "where a curve crosses LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases "
+            "(start-up, evaluation and saving included). One seed on a small model: the convergence study's three "
+            "seeds per regime are the evidence (benchmarks/README.md#convergence); nothing here measures BERT-Large.")

@@ -1,7 +1,11 @@
 """The main job, end to end on 2 CPU ranks under the deepspeed launcher.
 
 1. generate the built-in corpus and its SQuAD-style questions (or take --data / --squad-train / --squad-eval);
-2. pretrain a BERT twice, phase 1 (seq 128) then phase 2 (seq 512): LAMB, and LAMB + K-FAC, same seed and data;
+2. pretrain a BERT twice, phase 1 then phase 2 (seq 512): LAMB, and LAMB + K-FAC with the library's defaults
+   (``"kfac": {"enabled": true}``), same seed and data. By default phase 1 is the convergence study's small regime
+   (64 tokens, 32 sequences a step, 1500 steps, LAMB's tuned lr and warmup) and K-FAC's phase 1 ends where it
+   first reaches LAMB's final held-out MLM loss: that model goes on, as KAISA claims the same quality for less
+   pretraining time (benchmarks/results/mission/rule.md says how this was chosen, before any run);
 3. fine-tune both on SQuAD and score F1/EM;
 4. write report.md (and report.json) with a table, held-out MLM loss against steps and training seconds (PNG),
    and the steps and seconds each variant needed to reach LAMB's final held-out MLM loss.
@@ -23,6 +27,10 @@ from mission.stages import StageRecord, file_digest
 
 logger = logging.getLogger("mission")
 VARIANTS = {"LAMB": "", "LAMB + K-FAC": "_kfac"}
+# The built-in corpus of the main job: the size (words) of the convergence study's small-regime training part, so
+# phase 1 passes over its text about as often as that regime did (benchmarks/results/mission/rule.md).
+ARTICLES = 1900
+QUESTION_ARTICLES = 200  # the built-in SQuAD questions ask about this many of them: fine-tuning stays short
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,10 +42,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--squad-train", type=Path, help="SQuAD v1.1 train JSON (default: built-in questions)")
     p.add_argument("--squad-eval", type=Path, help="SQuAD v1.1 eval JSON (default: built-in questions)")
     p.add_argument("--model-size", default="tiny", help="tiny (CPU), mini, base or large")
-    p.add_argument("--phase1-steps", type=int, default=120, help="phase-1 optimizer steps")
+    p.add_argument("--phase1-steps", type=int, default=1500, help="phase-1 optimizer steps")
+    p.add_argument("--phase1-seq-length", type=int, default=64, help="phase-1 tokens per sequence")
+    p.add_argument("--phase1-max-predictions", type=int, default=10, help="phase-1 masked tokens per sequence at most")
+    p.add_argument("--kfac-full-run", action="store_true",
+                   help="run K-FAC's phase 1 for all its steps; by default it ends at the first evaluation at or "
+                        "below LAMB's final phase-1 held-out MLM loss, and that model goes on to phase 2 and SQuAD")
     p.add_argument("--phase2-steps", type=int, default=30, help="phase-2 optimizer steps")
     p.add_argument("--squad-epochs", type=int, default=4, help="SQuAD fine-tuning epochs")
-    p.add_argument("--config-prefix", default="ds_configs/bert_tiny",
+    p.add_argument("--config-prefix", default="ds_configs/bert_tiny_mission",
                    help="pretraining configs: <prefix>_phase{1,2}[_kfac].json")
     p.add_argument("--lamb-phase1-config", type=Path,
                    help="phase-1 config of the LAMB variant (default: <prefix>_phase1.json); e.g. tuned settings "
@@ -46,11 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="phase-1 config of the K-FAC variant, its kfac section included (default: "
                         "<prefix>_phase1_kfac.json); e.g. benchmarks/results/convergence/<regime>/"
                         "chosen_kfac_ds_config.json")
-    p.add_argument("--eval-every", type=int, default=20,
+    p.add_argument("--eval-every", type=int, default=50,
                    help="pretraining steps between held-out evaluations (the points of the held-out curves)")
     p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
     p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
-    p.add_argument("--articles", type=int, default=None, help="articles of the built-in corpus")
+    p.add_argument("--articles", type=int, default=None,
+                   help=f"articles of the built-in corpus (default {ARTICLES}) and of its questions (at most "
+                        f"{QUESTION_ARTICLES} of them)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of every stage: the built-in data, pretraining and SQuAD fine-tuning")
     p.add_argument("--fresh", action="store_true",
@@ -125,6 +140,19 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
     return warnings
 
 
+def until_lamb_final(args: argparse.Namespace, out: Path, *, suffix: str) -> list[str]:
+    """K-FAC's phase-1 flag that ends it at LAMB's final phase-1 held-out MLM loss (LAMB's phase 1 runs first);
+    none for LAMB, with --kfac-full-run, or when LAMB's summary has no held-out loss."""
+    if not suffix or args.kfac_full_run:
+        return []
+    summary = out / "lamb" / "phase1" / "summary.json"
+    target = json.loads(summary.read_text()).get("heldout_mlm_loss") if summary.is_file() else None
+    if target is None:
+        logger.warning("WARNING: %s has no held-out MLM loss: K-FAC's phase 1 runs all its steps", summary)
+        return []
+    return ["--stop-at-heldout", repr(float(target))]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -140,15 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         from bert_pretrain.corpus import generate_corpus
 
         bar.set_postfix_str("generating the built-in corpus")
-        kwargs = {"seed": args.seed} | ({"num_articles": args.articles} if args.articles else {})
-        corpus = generate_corpus(**kwargs)
+        corpus = generate_corpus(seed=args.seed, num_articles=args.articles or ARTICLES)
         text = data_dir / "corpus.txt"
         corpus.write_text(text)
         data = [text]
     if squad_train is None:  # parse_args refuses one file without the other
         from squad_finetune.builtin_data import write_builtin_squad
 
-        squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed, num_articles=args.articles)
+        squad_train, squad_eval, _ = write_builtin_squad(data_dir, seed=args.seed,
+                                                         num_articles=args.articles or ARTICLES,
+                                                         question_articles=QUESTION_ARTICLES)
     bar.update()
     record = StageRecord(out / "stages.json", fresh=args.fresh)
     data_digest = file_digest([*data, *([args.vocab] if args.vocab else [])])
@@ -164,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
             common += ["--vocab", str(args.vocab)]
         for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
             bar.set_postfix_str(f"{label}: pretraining phase {phase}")
-            extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else []
+            extra = ["--init-checkpoint", str(root / "phase1" / "final")] if phase == 2 else \
+                ["--max-seq-length", str(args.phase1_seq_length), "--max-predictions",
+                 str(args.phase1_max_predictions), *until_lamb_final(args, out, suffix=suffix)]
             config = phase_config(args, phase=phase, suffix=suffix)
             phase_args = ["--phase", str(phase), "--config", config, "--output", str(root / f"phase{phase}"),
                           "--max-steps", str(steps), "--eval-every", str(args.eval_every), *common, *extra]
@@ -185,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         bar.update()
     bar.close()
     report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,
+                                               "phase1_seq_length": args.phase1_seq_length,
+                                               "kfac_until_lamb_final": not args.kfac_full_run,
                                                "phase2_steps": args.phase2_steps, "ranks": args.ranks,
                                                "eval_every": args.eval_every,
                                                "data": " ".join(map(str, args.data)) if args.data else "built-in",

@@ -7,6 +7,7 @@ scored on questions about the entities it has read. The articles are split into 
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,15 @@ EVAL_FILE = "builtin_squad_eval.json"
 
 
 def write_builtin_squad(
-    out_dir: str | Path, *, seed: int = 0, num_articles: int | None = None, eval_fraction: float = 0.2
+    out_dir: str | Path, *, seed: int = 0, num_articles: int | None = None, question_articles: int | None = None,
+    eval_fraction: float = 0.2,
 ) -> tuple[Path, Path, SplitSummary]:
-    """Generate the built-in QA data into ``out_dir``; return (train file, eval file, split summary)."""
+    """Generate the built-in QA data into ``out_dir``; return (train file, eval file, split summary).
+
+    ``question_articles`` asks questions about that many of the corpus's articles (a seeded choice) instead of all:
+    a large pretraining corpus need not make fine-tuning as long."""
+    if question_articles is not None and question_articles < 2:
+        raise ValueError(f"question_articles={question_articles}: at least 2 articles are needed (train and eval)")
     try:
         from bert_pretrain.corpus import generate_corpus
     except ImportError as exc:
@@ -37,7 +44,11 @@ def write_builtin_squad(
         kwargs["num_articles"] = num_articles
     corpus = generate_corpus(**kwargs)
     full = out / ALL_FILE
-    corpus.write_squad_json(full)
+    chosen = None
+    if question_articles is not None and question_articles < len(corpus.articles):
+        keep = sorted(random.Random(seed).sample(range(len(corpus.articles)), question_articles))
+        chosen = [corpus.articles[i] for i in keep]
+    corpus.write_squad_json(full, articles=chosen)
     train, evaluation = out / TRAIN_FILE, out / EVAL_FILE
     summary = split_by_article(full, train, evaluation, eval_fraction=eval_fraction, seed=seed)
     logger.info("built-in QA data: %d train questions (%d articles) in %s, %d eval questions (%d articles) in %s",

@@ -148,3 +148,14 @@ def test_table_flags_without_a_table_are_refused(tmp_path: Path) -> None:
     table.write_text(json.dumps({"body": "One. Two."}) + "\n")
     _check(tmp_path, "--data", str(text), str(table), "--text-column", "body")
     _check(tmp_path, "--data", str(text), "--eval-data", f"rows={table}", "--text-column", "body")
+
+
+@pytest.mark.parametrize("extra, named", [(("--stop-at-heldout", "-1"), "finite number > 0"),
+                                          (("--stop-at-heldout", "nan"), "finite number > 0"),
+                                          (("--stop-at-heldout", "3", "--eval-data", "x=y.txt"), "--eval-data")])
+def test_a_stop_loss_that_can_never_apply_is_refused(tmp_path: Path, extra: tuple[str, ...], named: str) -> None:
+    """--stop-at-heldout reads the loss on the documents held out of --data: a loss <= 0 or NaN can never be met
+    and --eval-data replaces that evaluation, so either would silently run the whole phase."""
+    with pytest.raises(DataError, match="--stop-at-heldout") as err:
+        _check(tmp_path, *extra)
+    assert named in str(err.value)

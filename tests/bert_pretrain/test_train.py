@@ -100,6 +100,31 @@ def test_kfac_phase1_resume_then_phase2(root: Path) -> None:
     _check_phase2(run, full)
 
 
+def test_stop_at_heldout_ends_the_phase_at_the_first_evaluation_reaching_it(root: Path) -> None:
+    """Any first held-out loss is below 100, so the phase ends at its first evaluation (step 5 of 10), saved there
+    as final/, with the learning rates of the 10-step schedule; --resume then leaves the finished run alone."""
+    run = _pretrain(root, "stopped", "--stop-at-heldout", "100")
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["lr"] for r in rows] == pytest.approx(_schedule(1, STEPS)[:5])
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["steps"], summary["scheduled_steps"], summary["stopped_at_heldout"]) == (5, STEPS, 100.0)
+    assert summary["heldout_mlm_loss"] == rows[-1]["heldout_mlm_loss"]
+    assert (run / "final" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step5"
+    _pretrain(root, "stopped", "--stop-at-heldout", "100", "--resume")
+    assert len(_rows(run)) == 5 and json.loads((run / "summary.json").read_text()) == summary
+
+
+def test_a_held_out_loss_reaches_the_stop_only_at_or_below_it() -> None:
+    from bert_pretrain.train import reached_target
+
+    assert reached_target({"heldout_mlm_loss": 4.0}, 4.0) and reached_target({"heldout_mlm_loss": 3.9}, 4.0)
+    assert not reached_target({"heldout_mlm_loss": 4.01}, 4.0)
+    assert not reached_target({"loss": 1.0}, 4.0)  # a step without an evaluation
+    assert not reached_target({"heldout_mlm_loss": 1.0}, None)
+
+
 def test_bad_input_exits_with_a_message_naming_the_file(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "bert_pretrain", "--phase", "1", "--config", "ds_configs/bert_tiny_phase1.json",

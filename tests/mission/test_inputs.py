@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kaisa_ds.config import KFACConfig
 from mission import run as mission_run
 from mission import stages
 
@@ -68,8 +69,9 @@ def test_the_main_jobs_phase_configs_fit_their_default_phase_lengths(caplog: pyt
     for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
         config = json.loads((REPO / f"{args.config_prefix}_phase{phase}_kfac.json").read_text())
         assert interval_warnings(config, steps=steps, source=f"phase {phase}") == []
-        kfac = config["kfac"]
-        assert steps // kfac["inv_update_steps"] >= 2, (phase, kfac)  # several decompositions per phase
+        section = {k: v for k, v in config["kfac"].items() if k != "enabled"}
+        inv = KFACConfig.from_dict(section).inv_update_steps  # the library's default where the section is silent
+        assert isinstance(inv, int) and steps // inv >= 2, (phase, inv)  # several decompositions per phase
 
 
 def test_interval_warnings_name_the_key_and_the_fix() -> None:
@@ -80,6 +82,18 @@ def test_interval_warnings_name_the_key_and_the_fix() -> None:
     assert "kfac.inv_update_steps 50" in warning and "30 steps" in warning and "x.json" in warning
     assert interval_warnings({"kfac": {"enabled": False, "inv_update_steps": 50}}, steps=30, source="x") == []
     assert interval_warnings({"optimizer": {}}, steps=30, source="x") == []
+
+
+def test_a_section_that_leaves_the_intervals_out_is_checked_at_the_librarys_defaults() -> None:
+    """`"kfac": {"enabled": true}` once passed as every-step updates (the old default 1), so a phase shorter than
+    the defaults' 50-step decomposition interval ran under one decomposition without a word."""
+    from bert_pretrain.intervals import interval_warnings
+
+    inv = KFACConfig().inv_update_steps
+    assert isinstance(inv, int)
+    (warning,) = interval_warnings({"kfac": {"enabled": True}}, steps=inv, source="x")
+    assert f"kfac.inv_update_steps {inv} (the library's default)" in warning
+    assert interval_warnings({"kfac": {"enabled": True}}, steps=inv + 1, source="x") == []
 
 
 def test_the_seed_reaches_every_stage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,12 +163,12 @@ def test_a_missing_input_file_is_refused_at_once_by_its_flag(flag: str, capsys: 
 
 
 def test_an_evaluation_interval_as_long_as_phase_1_is_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--phase1-steps 10 with the default --eval-every 20: the held-out curves (and the crossing of LAMB's final
+    """--phase1-steps 10 with the default --eval-every: the held-out curves (and the crossing of LAMB's final
     loss) had one point, the last, without a word."""
     _fake_stages(monkeypatch)
     mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "10"])
     warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
-    assert "--eval-every 20" in warnings and "--phase1-steps 10" in warnings
+    assert f"--eval-every {mission_run.parse_args([]).eval_every}" in warnings and "--phase1-steps 10" in warnings
 
 
 def test_every_config_prefix_the_docs_name_has_both_phases_of_both_variants() -> None:
@@ -171,3 +185,69 @@ def test_every_config_prefix_the_docs_name_has_both_phases_of_both_variants() ->
             for suffix in mission_run.VARIANTS.values():
                 config = mission_run.phase_config(args, phase=phase, suffix=suffix)
                 assert (REPO / config).is_file(), f"--config-prefix {prefix}: {config} does not exist"
+
+
+def test_kfacs_phase_1_ends_at_lambs_final_held_out_loss_unless_told_to_run_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """K-FAC's phase 1 is given LAMB's final phase-1 held-out loss as --stop-at-heldout (LAMB's phase 1 runs
+    first); LAMB's is not; --kfac-full-run gives none; a LAMB rerun with another final reruns K-FAC's phase 1."""
+    launched = _fake_stages(monkeypatch)
+    out = tmp_path / "out"
+    lamb_summary = out / "lamb" / "phase1" / "summary.json"
+
+    def launch_and_finish(module: str, args: list[str], *, ranks: int, log: Path) -> float:
+        launched.append([module, *args])
+        output = Path(args[args.index("--output") + 1])
+        output.mkdir(parents=True, exist_ok=True)
+        (output / ("summary.json" if module == "bert_pretrain" else "eval_results.json")).write_text(
+            json.dumps({"heldout_mlm_loss": 4.321}))
+        return 1.0
+
+    monkeypatch.setattr(stages, "launch", launch_and_finish)
+    mission_run.main(["--output", str(out), "--articles", "30"])
+    phase1 = {a[a.index("--output") + 1]: a for a in launched
+              if a[0] == "bert_pretrain" and a[a.index("--phase") + 1] == "1"}
+    assert "--stop-at-heldout" not in phase1[str(out / "lamb" / "phase1")]
+    kfac = phase1[str(out / "kfac" / "phase1")]
+    assert float(kfac[kfac.index("--stop-at-heldout") + 1]) == 4.321
+    assert kfac[kfac.index("--max-seq-length") + 1] == "64"  # the small regime's sequences, not phase 1's 128
+    assert json.loads(lamb_summary.read_text())["heldout_mlm_loss"] == 4.321
+    launched.clear()
+    mission_run.main(["--output", str(out), "--articles", "30", "--kfac-full-run"])
+    kfac_runs = [a for a in launched if a[0] == "bert_pretrain" and str(out / "kfac" / "phase1") in a]
+    assert kfac_runs and "--stop-at-heldout" not in kfac_runs[0]  # a changed argument: rerun, without the stop
+
+
+def test_the_main_jobs_phase_1_is_the_small_regime_with_lambs_tuned_settings_and_kfacs_defaults() -> None:
+    """The main job claims to run the convergence study's small regime (where the defaults' gain was measured) at
+    LAMB's tuned lr and warmup, with K-FAC at the library's defaults: its configs and flags must not drift from it."""
+    from benchmarks.convergence.regimes import REGIMES, ds_config
+
+    args = mission_run.parse_args([])
+    small = REGIMES["small"]
+    chosen = json.loads((REPO / "benchmarks/results/convergence/small/chosen.json").read_text())["lamb"]
+    expected = ds_config(small, lr=chosen["lr"], warmup=chosen["warmup"], steps=small.steps, kfac=None)
+    lamb = json.loads((REPO / f"{args.config_prefix}_phase1.json").read_text())
+    kfac = json.loads((REPO / f"{args.config_prefix}_phase1_kfac.json").read_text())
+    assert lamb | {"gradient_accumulation_steps": small.gas} == expected
+    assert kfac == lamb | {"kfac": {"enabled": True}}  # nothing of K-FAC set: the library's defaults
+    assert (args.phase1_steps, args.phase1_seq_length, args.phase1_max_predictions, args.eval_every) == \
+        (small.steps, small.seq, small.max_predictions, small.eval_every)
+    assert small.ranks == args.ranks
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "wikitext-2" / "valid.txt").is_file(),
+                    reason="../shared/data absent")
+def test_the_built_in_corpus_is_the_size_of_the_small_regimes_training_text(tmp_path: Path) -> None:
+    """The rule (benchmarks/results/mission/rule.md): the main job's corpus has as many words as the small
+    regime's training part, so phase 1 passes over its text about as often; within 5%."""
+    from benchmarks.convergence.parts import write_parts
+    from benchmarks.convergence.regimes import REGIMES
+    from bert_pretrain.corpus import generate_corpus
+
+    parts = write_parts([REPO.parent / "shared" / "data" / t for t in REGIMES["small"].texts], tmp_path)
+    train_words = len(parts.path("train").read_text().split())
+    corpus = tmp_path / "corpus.txt"
+    generate_corpus(seed=0, num_articles=mission_run.ARTICLES).write_text(corpus)
+    words = len(corpus.read_text().split())
+    assert abs(words - train_words) <= 0.05 * train_words, (words, train_words)

@@ -20,3 +20,25 @@ def test_builtin_squad_files(tmp_path: Path) -> None:
     assert again.read_bytes() == train.read_bytes()
     other, _, _ = write_builtin_squad(tmp_path / "c", seed=1, num_articles=40)
     assert other.read_bytes() != train.read_bytes()
+
+
+def test_questions_about_some_of_a_large_corpus_come_from_its_own_articles(tmp_path: Path) -> None:
+    """The main job pretrains on 1900 articles but asks about 200: the questions are about articles of the same
+    corpus (same contexts), a seeded choice, and their number follows question_articles."""
+    import pytest
+
+    from bert_pretrain.corpus import generate_corpus
+
+    train, evaluation, summary = write_builtin_squad(tmp_path / "a", seed=0, num_articles=60, question_articles=20)
+    assert summary.train_articles + summary.eval_articles == 20
+    corpus = {a.title: a.paragraphs for a in generate_corpus(seed=0, num_articles=60).articles}
+    for path in (train, evaluation):
+        ds, _ = load_squad_dataset(path)
+        assert set(ds["title"]) <= corpus.keys()
+        assert all(any(c == p for p in corpus[t]) for t, c in zip(ds["title"], ds["context"]))
+    again, _, _ = write_builtin_squad(tmp_path / "b", seed=0, num_articles=60, question_articles=20)
+    assert again.read_bytes() == train.read_bytes()
+    _, _, everything = write_builtin_squad(tmp_path / "c", seed=0, num_articles=60)
+    assert everything.train_articles + everything.eval_articles == 60
+    with pytest.raises(ValueError, match="question_articles"):
+        write_builtin_squad(tmp_path / "d", seed=0, num_articles=60, question_articles=1)
