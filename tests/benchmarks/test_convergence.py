@@ -181,6 +181,7 @@ def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> Non
 
 
 @REAL_DATA
+@pytest.mark.slow  # ~80 s; the same runner in the default suite: test_quick_tuning_trains_on_train_and_chooses_on_tune
 def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> None:
     """final --quick (small regime, seed 1) from a recorded choice (tuned --quick: 4 steps per run): 2 bert_pretrain
     launches."""

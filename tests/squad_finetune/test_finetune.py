@@ -39,6 +39,8 @@ def _finetune_builtin(tmp_path: Path, *, articles: int, config: Path, extra: lis
     return output
 
 
+@pytest.mark.slow  # ~42 s; default suite: learning in test_learning (real articles), two ranks with K-FAC below,
+# the official evaluator's CLI in test_evaluate, --eval-only in test_cli
 def test_two_rank_finetune_on_builtin_data_beats_untrained(tmp_path: Path) -> None:
     output = _finetune_builtin(tmp_path, articles=1000, config=CONFIG,
                                extra=["--epochs", "2", "--lr", "2e-3", "--eval-before"])
