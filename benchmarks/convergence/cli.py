@@ -29,7 +29,7 @@ from benchmarks.convergence import ablation, analysis, defaults
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
-from benchmarks.convergence.runner import final_spec, kfac_keys, run, tune_spec
+from benchmarks.convergence.runner import TUNE_SEED, final_spec, kfac_keys, run, tune_spec
 from benchmarks.convergence.scale import check_scale, scale_of
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import table, write_json
@@ -76,7 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "λ_A·λ_G are ≤ ~1e-2)")
     dflt = sub.choices["defaults"]
     dflt.add_argument("--regime", choices=sorted(REGIMES), required=True)
-    dflt.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
+    dflt.add_argument("--seeds", type=int, nargs="+",
+                      help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1); with --part tune: {TUNE_SEED}, the "
+                           "tuning seed (give more to compare candidates on several)")
     dflt.add_argument("--part", choices=["report", "tune"], default="report",
                       help="report: the final seeds (default); tune: the tuning seed and length, for choosing defaults")
     dflt.add_argument("--set", dest="kfac_set", metavar="KEY=VALUE", nargs="+", default=[], type=defaults.kfac_setting,
@@ -243,6 +245,8 @@ def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
     if extra and args.part != "tune":
         raise SystemExit("--set: candidate defaults are tried on the tune part only (add --part tune); the report "
                          "part measures what the library ships")
+    if args.part == "tune" and args.seeds is None:
+        args.seeds = [TUNE_SEED]  # the tuning seed unless more are asked for
     return _variants(args, lambda **kw: defaults.defaults(part=args.part, extra=extra, **kw),
                      "defaults_tune.json" if args.part == "tune" else "defaults.json")
 

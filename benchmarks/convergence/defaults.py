@@ -8,7 +8,8 @@ final loss, steps and training seconds to LAMB's *final* and to LAMB's *best* he
 run. Records: ``<results>/<regime>/defaults/*.json`` and ``defaults.json``.
 
 Choosing new defaults happens on the tune part only: ``--part tune --set KEY=VALUE ...`` trains the section
-``{"enabled": true, KEY: VALUE, ...}`` with the tuning seed and length beside LAMB's chosen tuning run (reused), into
+``{"enabled": true, KEY: VALUE, ...}`` at the tuning length, with the tuning seed (or ``--seeds``), beside LAMB's
+chosen tuning settings at the same seeds (the tuning seed's run is reused), into
 ``<regime>/defaults_tune/`` and ``defaults_tune.json``; the report part is never touched by it.
 """
 
@@ -23,7 +24,7 @@ from tqdm import tqdm
 
 from benchmarks.convergence.ablation import seed_rows, summarise
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
-from benchmarks.convergence.runner import TUNE_SEED, RunSpec, final_spec, run, tune_spec
+from benchmarks.convergence.runner import RunSpec, final_spec, run, tune_spec
 
 
 def candidate_name(extra: dict[str, Any]) -> str:
@@ -47,7 +48,6 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
     ``extra`` keys set); write ``defaults.json`` (``defaults_tune.json`` for the tune part)."""
     extra = dict(extra or {})
     tune = part == "tune"
-    seeds = [TUNE_SEED] if tune else seeds
     steps = regime.tune_steps if tune else regime.steps
     folder = out / ("defaults_tune" if tune else "defaults")
     names = ["lamb", "defaults"] if tune else ["lamb", "tuned", "defaults"]
@@ -58,7 +58,7 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
             spec = defaults_spec(regime=regime, lamb=lamb, seed=seed, steps=steps, part=part, extra=extra)
             record = folder / f"{spec.name}.json"
         elif name == "lamb" and tune:  # the chosen LAMB tuning run, under the name tune gave it
-            spec = tune_spec(regime=regime, settings=lamb, optimizer="lamb")
+            spec = tune_spec(regime=regime, settings=lamb, optimizer="lamb", seed=seed)
             record = out / "tune" / f"{spec.name}.json"
         else:  # LAMB's and the tuned K-FAC's final runs (report part)
             spec = final_spec(regime=regime, chosen=chosen, optimizer="lamb" if name == "lamb" else "kfac", seed=seed)

@@ -59,12 +59,14 @@ def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
 TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
 
 
-def tune_spec(*, regime: Regime, settings: dict[str, Any], optimizer: str) -> RunSpec:
-    """A tuning run on the tune part: ``optimizer`` ("lamb" or "kfac") at one grid point, named after it. The tuning
-    sweep and the defaults study (which reuses LAMB's chosen tuning run) both build it here."""
+def tune_spec(*, regime: Regime, settings: dict[str, Any], optimizer: str, seed: int = TUNE_SEED) -> RunSpec:
+    """A tuning run on the tune part: ``optimizer`` ("lamb" or "kfac") at one grid point, named after it (and after
+    ``seed`` when it is not the tuning seed). The tuning sweep and the defaults study (which reuses LAMB's chosen
+    tuning run, and runs it at more seeds when candidates are compared on several) both build it here."""
     name = optimizer + "".join(f"_{k}{v:g}" for k, v in settings.items() if k != "lr_scale")
+    name += "" if seed == TUNE_SEED else f"_seed{seed}"
     return RunSpec(name=name, regime=regime.name, optimizer=optimizer, lr=settings["lr"], warmup=settings["warmup"],
-                   steps=regime.tune_steps, seed=TUNE_SEED, eval_part="tune",
+                   steps=regime.tune_steps, seed=seed, eval_part="tune",
                    kfac=kfac_keys(settings) if optimizer == "kfac" else None)
 
 

@@ -508,3 +508,30 @@ def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypa
     after = [run_inputs(s, regime, parts, vocab=DEFAULT_VOCAB) for s in (spec, tuned, candidate)]
     assert after[0] != before[0]
     assert after[1:] == before[1:]  # a section that sets the changed key trained the same either way
+
+
+def test_candidate_defaults_run_on_the_tune_part_at_the_seeds_asked_for_beside_lamb_at_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A candidate was compared on the tuning seed only, and one seed chose a default that the report part then
+    showed worse (defaults_rule_2.md). With --seeds, each seed's candidate run sits beside LAMB's chosen tuning
+    settings at that seed; the tuning seed's LAMB run keeps the name the tuning sweep gave it (reused)."""
+    from benchmarks.convergence import defaults as defaults_study
+
+    ran: list[tuple[str, int, str, str]] = []
+
+    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, **_: Any) -> dict[str, Any]:
+        ran.append((spec.name, spec.seed, spec.eval_part, record.parent.name))
+        return {"spec": {"seed": spec.seed, "steps": spec.steps}, "final": 5.0, "train_seconds": 1.0,
+                "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.0]}}
+
+    monkeypatch.setattr(defaults_study, "run", fake_run)
+    lamb = {"lr": 0.01, "warmup": 0.1}
+    defaults_study.defaults(regime=REGIMES["small"], parts=None, chosen={"lamb": lamb, "kfac": lamb}, seeds=[0, 1],
+                            vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, part="tune",
+                            extra={"inv_update_steps": 10})
+    assert sorted(ran) == [("defaults_inv_update_steps10_seed0", 0, "tune", "defaults_tune"),
+                           ("defaults_inv_update_steps10_seed1", 1, "tune", "defaults_tune"),
+                           ("lamb_lr0.01_warmup0.1", 0, "tune", "tune"),
+                           ("lamb_lr0.01_warmup0.1_seed1", 1, "tune", "tune")]
+    written = json.loads((tmp_path / "defaults_tune.json").read_text())["defaults_inv_update_steps10"]
+    assert written["seeds"] == [0, 1] and [r["seed"] for r in written["rows"]] == [0, 1]
