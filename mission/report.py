@@ -88,10 +88,13 @@ def recorded_label(kfac: dict[str, bool | None], *, requested: str) -> str:
     return label if label == requested else f"{label}; requested as {requested}"  # rows stay distinct
 
 
-def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: float | None) -> dict[str, Any]:
-    """One variant's report.json entry; ``target`` is LAMB's final phase-1 held-out MLM loss."""
+def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: float | None,
+                    best: float | None = None) -> dict[str, Any]:
+    """One variant's report.json entry; ``target`` is LAMB's final phase-1 held-out MLM loss, ``best`` its lowest
+    (a LAMB whose loss rises late would otherwise hand out a win against its final)."""
     curve = phase1_curve(root)
     hit = first_crossing(curve, target) if target is not None and curve.values else None
+    hit_best = first_crossing(curve, best) if best is not None and curve.values else None
     p1, p2 = read_json(root / "phase1" / "summary.json"), read_json(root / "phase2" / "summary.json")
     squad = read_json(root / "squad" / "eval_results.json")
     train_seconds = [read_rows(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
@@ -103,6 +106,8 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
         "phase1_steps": p1.get("steps"), "phase2_steps": p2.get("steps"),
         "final_heldout_mlm": curve.final, "phase2_final_heldout_mlm": p2.get("heldout_mlm_loss"),
         "steps_to_lamb_final": hit.step if hit else None, "seconds_to_lamb_final": hit.seconds if hit else None,
+        "steps_to_lamb_best": hit_best.step if hit_best else None,
+        "seconds_to_lamb_best": hit_best.seconds if hit_best else None,
         "squad_f1": squad.get("f1"), "squad_em": squad.get("exact_match"),
         "heldout_curve": {"steps": curve.steps, "seconds": curve.seconds, "values": curve.values},
     }
@@ -113,9 +118,10 @@ def add_ratios(figures: dict[str, dict[str, Any]]) -> None:
     lamb = figures.get(BASELINE, {})
     total_s, total_steps = lamb.get("phase1_train_seconds"), (lamb.get("heldout_curve") or {}).get("steps")
     for f in figures.values():
-        seconds, steps = f.get("seconds_to_lamb_final"), f.get("steps_to_lamb_final")
-        f["time_ratio_to_lamb_final"] = seconds / total_s if seconds is not None and total_s else None
-        f["step_ratio_to_lamb_final"] = steps / total_steps[-1] if steps is not None and total_steps else None
+        for which in ("final", "best"):
+            seconds, steps = f.get(f"seconds_to_lamb_{which}"), f.get(f"steps_to_lamb_{which}")
+            f[f"time_ratio_to_lamb_{which}"] = seconds / total_s if seconds is not None and total_s else None
+            f[f"step_ratio_to_lamb_{which}"] = steps / total_steps[-1] if steps is not None and total_steps else None
 
 
 def headline(figures: dict[str, dict[str, Any]]) -> list[str]:
@@ -139,6 +145,12 @@ def headline(figures: dict[str, dict[str, Any]]) -> list[str]:
                      f"training time** ({f['seconds_to_lamb_final']:.0f} s against {lamb['phase1_train_seconds']:.0f} "
                      f"s; {f['step_ratio_to_lamb_final']:.2f}× its steps); {where}. SQuAD F1 "
                      f"{_fmt(f['squad_f1'], '.2f')} against LAMB's full run's {_fmt(lamb['squad_f1'], '.2f')}.")
+        best = min(lamb["heldout_curve"]["values"])
+        if best < lamb["final_heldout_mlm"]:  # LAMB's loss rose late: its best is the fairer target
+            ratio = f.get("time_ratio_to_lamb_best")
+            lines.append(f"LAMB's held-out loss rose after its best ({best:.4f}): " + (
+                f"{f['label']} reached its best in {ratio:.2f}× LAMB's phase-1 training time." if ratio is not None
+                else f"**{f['label']} never reached its best.**"))
     return lines
 
 
@@ -155,8 +167,10 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
     at the top."""
     warnings = list(warnings)
     roots = {root.name: root for root in runs.values()}
-    target = phase1_curve(roots[BASELINE]).final if BASELINE in roots else None
-    figures = {root.name: variant_figures(root, seconds.get(label, {}), target=target)
+    lamb_curve = phase1_curve(roots[BASELINE]) if BASELINE in roots else None
+    target = lamb_curve.final if lamb_curve else None
+    best = min(lamb_curve.values) if lamb_curve and lamb_curve.values else None
+    figures = {root.name: variant_figures(root, seconds.get(label, {}), target=target, best=best)
                for label, root in runs.items()}
     labels = {}
     for requested, root in runs.items():
@@ -199,7 +213,8 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
     report = out_dir / "report.md"
     report.write_text("\n".join(lines) + "\n")
     (out_dir / "report.json").write_text(json.dumps(
-        {"settings": settings, "warnings": warnings, "target": {"variant": BASELINE, "final_heldout_mlm": target},
+        {"settings": settings, "warnings": warnings,
+         "target": {"variant": BASELINE, "final_heldout_mlm": target, "best_heldout_mlm": best},
          "variants": figures},
         indent=1) + "\n")
     return report

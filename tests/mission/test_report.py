@@ -171,3 +171,24 @@ def test_main_job_end_to_end_short_learns_real_text_with_the_given_vocabulary(tm
     variants = json.loads((out / "report.json").read_text())["variants"]
     assert variants["lamb"]["steps_to_lamb_final"] is not None and variants["kfac"]["squad_f1"] is not None
     print(report, file=sys.stderr)
+
+
+def test_a_lamb_whose_loss_rose_late_is_also_measured_against_its_best(tmp_path: Path) -> None:
+    """Time to LAMB's final rewards a LAMB whose held-out loss rises late; the report also gives the time to its
+    best, in report.json and in the headline, and says when K-FAC never reached it."""
+    runs = {"LAMB": tmp_path / "lamb", "LAMB + K-FAC": tmp_path / "kfac"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0, heldout=[3.2, 3.5])  # best 3.2 at step 2, final 3.5
+    _fake_run(runs["LAMB + K-FAC"], loss=3.25, f1=55.5, before=6.5, heldout=[4.0, 3.0])
+    write_report(tmp_path, runs, {"LAMB": {}, "LAMB + K-FAC": {}}, {"model": "tiny"})
+    data = json.loads((tmp_path / "report.json").read_text())
+    kfac = data["variants"]["kfac"]
+    assert data["target"]["best_heldout_mlm"] == 3.2
+    # 4.0 at step 2 (4 s), 3.0 at step 4 (8 s): 3.5 at step 3, 3.2 at step 3.6; LAMB's phase 1 is 8 s and 4 steps
+    assert kfac["time_ratio_to_lamb_final"] == pytest.approx(0.75)
+    assert kfac["steps_to_lamb_best"] == pytest.approx(3.6) and kfac["time_ratio_to_lamb_best"] == pytest.approx(0.9)
+    report = (tmp_path / "report.md").read_text()
+    assert "rose after its best (3.2000)" in report and "its best in 0.90× LAMB's phase-1 training time" in report
+    other = tmp_path / "other"
+    _fake_run(other / "kfac", loss=3.4, f1=50.0, before=6.0, heldout=[4.0, 3.4])  # reaches 3.5, never 3.2
+    write_report(other, {"LAMB": runs["LAMB"], "LAMB + K-FAC": other / "kfac"}, {}, {"model": "tiny"})
+    assert "**LAMB + K-FAC never reached its best.**" in (other / "report.md").read_text()
