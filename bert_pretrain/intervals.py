@@ -8,7 +8,6 @@ under ``inv_update_steps`` 50). This is a warning, not an error: a short smoke r
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +15,6 @@ from typing import Any
 from kaisa_ds.config import KFACConfig
 
 logger = logging.getLogger(__name__)
-LIBRARY_DEFAULTS = {f.name: f.default for f in dataclasses.fields(KFACConfig)}
 
 WHAT = {"factor_update_steps": "the factors are gathered", "inv_update_steps": "the factors are decomposed"}
 
@@ -29,8 +27,9 @@ def interval_warnings(config: Mapping[str, Any], *, steps: int, source: str) -> 
     if not isinstance(kfac, Mapping) or kfac.get("enabled", True) is False:
         return []
     messages = []
+    defaults = KFACConfig()  # what a section that leaves an interval out gets
     for key, what in WHAT.items():
-        every = kfac.get(key, LIBRARY_DEFAULTS[key])  # a section that leaves it out gets the library's default
+        every = kfac.get(key, getattr(defaults, key))
         if isinstance(every, bool) or not isinstance(every, int) or every < steps:
             continue
         given = "" if key in kfac else " (the library's default)"
