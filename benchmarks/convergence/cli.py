@@ -6,6 +6,7 @@
     python -m benchmarks.convergence final --quick           # toy scale, as the smoke test runs it
     python -m benchmarks.convergence ablation --regime large # the finals beside identity-curvature K-FAC
     python -m benchmarks.convergence defaults --regime large # K-FAC at the library's defaults and LAMB's lr
+    python -m benchmarks.convergence lamb-shape --regime large  # LAMB's PolyWarmUp degree × weight decay (tune part)
 
 Every run is ``bert_pretrain`` under the deepspeed launcher on 2 CPU ranks (the code users run), trained on the
 training part of ``--text``. Tuning runs are evaluated on the tune part only; final runs on the report part only.
@@ -25,7 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.convergence import ablation, analysis, defaults
+from benchmarks.convergence import ablation, analysis, defaults, lamb_shape
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
                            ("ablation", "the final K-FAC runs beside identity-curvature K-FAC (same cost, KL clip, "
                                         "lr): is the gain curvature or step size?"),
                            ("defaults", "K-FAC as '\"kfac\": {\"enabled\": true}' gives it, at LAMB's tuned lr and "
-                                        "warmup, beside the tuned K-FAC and LAMB")):
+                                        "warmup, beside the tuned K-FAC and LAMB"),
+                           ("lamb-shape", "LAMB's PolyWarmUp degree × weight decay at its tuned lr and warmup, on the "
+                                          "tune part")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--text", type=Path, nargs="+",
                        help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
@@ -83,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="report: the final seeds (default); tune: the tuning seed and length, for choosing defaults")
     dflt.add_argument("--set", dest="kfac_set", metavar="KEY=VALUE", nargs="+", default=[], type=defaults.kfac_setting,
                       help="kfac keys on top of {\"enabled\": true} (a candidate default; --part tune only)")
+    shape = sub.choices["lamb-shape"]
+    shape.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    shape.add_argument("--seeds", type=int, nargs="+", default=[TUNE_SEED],
+                       help="the mean final over these seeds chooses (default: %(default)s, the tuning seed)")
+    shape.add_argument("--degrees", type=float, nargs="+", default=list(lamb_shape.DEGREES),
+                       help="PolyWarmUp degrees (default: %(default)s)")
+    shape.add_argument("--weight-decays", type=float, nargs="+", default=list(lamb_shape.WEIGHT_DECAYS),
+                       help="LAMB weight decays (default: %(default)s)")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -251,6 +262,20 @@ def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
                      "defaults_tune.json" if args.part == "tune" else "defaults.json")
 
 
+def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """``lamb-shape``: LAMB's schedule degree × weight decay at its tuned lr and warmup, on the tune part."""
+    regime = regime_of(args.regime, args)
+    parts = parts_of(args, regime)
+    out = args.results / regime.name
+    result = lamb_shape.lamb_shape(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args),
+                                   seeds=args.seeds, vocab=args.vocab, work=args.work, out=out, info=machine(),
+                                   degrees=tuple(args.degrees), weight_decays=tuple(args.weight_decays))
+    print(table(result["rows"], ["degree", "weight_decay", "finals", "best", "mean_final"]))
+    print(f"chosen: {result['chosen']} (shipped {result['shipped']}; changes LAMB: {result['changes_lamb']}); "
+          f"wrote {out / 'lamb_shape.json'} and {out / 'lamb_shape.png'}")
+    return result
+
+
 def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, Any]:
     """Run a per-seed study of K-FAC variants against the final LAMB runs, then print its rows and summary."""
     regime = regime_of(args.regime, args)
@@ -270,6 +295,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     resolve_folders(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        return {"tune": tune, "final": final, "ablation": run_ablation, "defaults": run_defaults}[args.command](args)
+        return {"tune": tune, "final": final, "ablation": run_ablation, "defaults": run_defaults,
+                "lamb-shape": run_lamb_shape}[args.command](args)
     except SplitError as exc:
         raise SystemExit(f"python -m benchmarks.convergence: {exc}") from exc

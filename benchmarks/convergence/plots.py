@@ -69,3 +69,24 @@ def plot_train_heldout(records: dict[str, list[dict[str, Any]]], *, title: str, 
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def plot_curves(records: dict[str, list[dict[str, Any]]], *, title: str, ylabel: str, out: Path) -> None:
+    """Held-out curves by optimizer step, one colour per named setting, every seed of it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for i, (name, runs) in enumerate(records.items()):
+        for j, record in enumerate(runs):
+            curve = curve_of(record)
+            ax.plot(curve.steps, curve.values, color=f"C{i}", alpha=0.8, lw=1.2, label=name if j == 0 else None)
+    ax.set(xlabel="optimizer step", ylabel=ylabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -119,13 +119,32 @@ def quick(regime: Regime) -> Regime:
 LIBRARY_DEFAULTS = "kfac-defaults"  # a RunSpec optimizer: K-FAC as ``"kfac": {"enabled": true}`` gives it
 
 
+# LAMB's schedule shape and regularisation, tuned apart from lr and warmup (issue 23, 2b): where each key lives in
+# the DeepSpeed config. The shipped phase-1 config's values are the ones every run used before they were tuned.
+LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params"}
+
+
+def shipped_lamb_shape() -> dict[str, Any]:
+    """The shipped phase-1 config's PolyWarmUp degree and LAMB weight decay."""
+    cfg = json.loads(LAMB_CONFIG.read_text())
+    return {"degree": cfg["lr_schedule"]["degree"], "weight_decay": cfg["optimizer"]["params"]["weight_decay"]}
+
+
 def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None,
-              library_defaults: bool = False) -> dict[str, Any]:
+              library_defaults: bool = False, lamb_shape: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's DeepSpeed config: the repo's phase-1 config with this regime's batch, lr, warmup and (for K-FAC)
     the ``kfac`` section of ds_configs/bert_tiny_phase1_kfac.json with ``kfac``'s keys replaced; with
     ``library_defaults`` the section is ``{"enabled": true}`` and ``kfac``'s keys alone (what a user who turns
-    K-FAC on gets: every other option at the library's default)."""
+    K-FAC on gets: every other option at the library's default). ``lamb_shape``: PolyWarmUp ``degree`` and
+    LAMB ``weight_decay`` in place of the shipped config's (:data:`LAMB_SHAPE_KEYS`)."""
     cfg = json.loads((KFAC_CONFIG if kfac is not None else LAMB_CONFIG).read_text())
+    for key, value in (lamb_shape or {}).items():
+        if key not in LAMB_SHAPE_KEYS:
+            raise ValueError(f"lamb_shape key {key!r}: expected one of {sorted(LAMB_SHAPE_KEYS)}")
+        section = cfg
+        for part in LAMB_SHAPE_KEYS[key].split("."):
+            section = section[part]
+        section[key] = value
     if library_defaults:
         cfg["kfac"] = {"enabled": True}
     cfg["train_batch_size"] = regime.global_batch

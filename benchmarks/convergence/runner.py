@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.convergence.parts import Parts, split_recipe
-from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
+from benchmarks.convergence.regimes import LAMB_SHAPE_KEYS, LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve, training_curve
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.report.metrics_log import read_rows
@@ -40,14 +40,19 @@ class RunSpec:
     seed: int
     eval_part: str  # "tune" or "report"
     kfac: dict[str, Any] | None = None
+    lamb_shape: dict[str, Any] | None = None  # PolyWarmUp degree / weight decay other than the shipped config's
 
     def key(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec as a dict; ``lamb_shape`` only when set, so records made before it existed keep their key."""
+        key = asdict(self)
+        if self.lamb_shape is None:
+            del key["lamb_shape"]
+        return key
 
     def ds_config(self, regime: Regime) -> dict[str, Any]:
         """The DeepSpeed config this run trains with."""
         return ds_config(regime, lr=self.lr, warmup=self.warmup, steps=self.steps, kfac=self.kfac,
-                         library_defaults=self.optimizer == LIBRARY_DEFAULTS)
+                         library_defaults=self.optimizer == LIBRARY_DEFAULTS, lamb_shape=self.lamb_shape)
 
 
 def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
@@ -65,9 +70,10 @@ def tune_spec(*, regime: Regime, settings: dict[str, Any], optimizer: str, seed:
     tuning run, and runs it at more seeds when candidates are compared on several) both build it here."""
     name = optimizer + "".join(f"_{k}{v:g}" for k, v in settings.items() if k != "lr_scale")
     name += "" if seed == TUNE_SEED else f"_seed{seed}"
+    shape = {k: settings[k] for k in LAMB_SHAPE_KEYS if k in settings}
     return RunSpec(name=name, regime=regime.name, optimizer=optimizer, lr=settings["lr"], warmup=settings["warmup"],
                    steps=regime.tune_steps, seed=seed, eval_part="tune",
-                   kfac=kfac_keys(settings) if optimizer == "kfac" else None)
+                   kfac=kfac_keys(settings) if optimizer == "kfac" else None, lamb_shape=shape or None)
 
 
 def final_spec(*, regime: Regime, chosen: dict[str, Any], optimizer: str, seed: int) -> RunSpec:

@@ -535,3 +535,43 @@ def test_candidate_defaults_run_on_the_tune_part_at_the_seeds_asked_for_beside_l
                            ("lamb_lr0.01_warmup0.1_seed1", 1, "tune", "tune")]
     written = json.loads((tmp_path / "defaults_tune.json").read_text())["defaults_inv_update_steps10"]
     assert written["seeds"] == [0, 1] and [r["seed"] for r in written["rows"]] == [0, 1]
+
+
+def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_point_and_chooses_the_lowest_mean(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, 2b: LAMB's schedule shape and weight decay are tuned on the tune part. The grid point equal to the
+    shipped config is the lr/warmup tuning's own run (its name, so its record is reused); the others train with
+    their degree and weight decay in the DeepSpeed config; the lowest mean final over the seeds is chosen."""
+    from benchmarks.convergence import lamb_shape as study
+
+    finals = {(0.5, 0.01): [5.3, 5.5], (0.5, 0.1): [5.2, 5.7], (1.0, 0.01): [5.25, 5.35], (1.0, 0.1): [5.4, 5.4]}
+    ran: list[tuple[str, dict[str, Any]]] = []
+
+    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, **_: Any) -> dict[str, Any]:
+        cfg = spec.ds_config(regime)
+        shape = (cfg["lr_schedule"]["degree"], cfg["optimizer"]["params"]["weight_decay"])
+        ran.append((spec.name, cfg))
+        final = finals[shape][spec.seed]
+        return {"spec": spec.key(), "final": final, "curve": {"steps": [1, 2], "seconds": [1, 2],
+                                                              "values": [final + 1, final]}}
+
+    monkeypatch.setattr(study, "run", fake_run)
+    result = study.lamb_shape(regime=REGIMES["small"], parts=None, chosen={"lamb": {"lr": 0.01, "warmup": 0.02}},
+                              seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={})
+    names = sorted({name for name, _ in ran})
+    assert names == ["lamb_lr0.01_warmup0.02", "lamb_lr0.01_warmup0.02_degree1",
+                     "lamb_lr0.01_warmup0.02_degree1_seed1", "lamb_lr0.01_warmup0.02_degree1_weight_decay0.1",
+                     "lamb_lr0.01_warmup0.02_degree1_weight_decay0.1_seed1", "lamb_lr0.01_warmup0.02_seed1",
+                     "lamb_lr0.01_warmup0.02_weight_decay0.1", "lamb_lr0.01_warmup0.02_weight_decay0.1_seed1"]
+    assert all(cfg["optimizer"]["params"]["lr"] == 0.01 and cfg["lr_schedule"]["warmup_proportion"] == 0.02
+               for _, cfg in ran)
+    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01} and result["changes_lamb"]  # mean 5.30
+    assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]
+    assert (tmp_path / "lamb_shape.png").stat().st_size > 0
+
+
+def test_a_lamb_shape_key_outside_the_known_ones_is_refused_by_name() -> None:
+    from benchmarks.convergence.regimes import ds_config
+
+    with pytest.raises(ValueError, match="'beta1'"):
+        ds_config(REGIMES["small"], lr=0.01, warmup=0.1, steps=10, kfac=None, lamb_shape={"beta1": 0.8})
