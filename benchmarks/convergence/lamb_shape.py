@@ -51,7 +51,7 @@ def lamb_shape(*, regime: Regime, parts: Any, chosen: dict[str, Any], seeds: lis
                          optimizer="lamb", seed=seed)
         records[(degree, wd)].append(run(spec, regime, parts, vocab=vocab, work=work,
                                          record=out / "tune" / f"{spec.name}.json", machine=info))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (degree, wd), runs in records.items():
         finals = [r["final"] for r in runs]
         done = [f for f in finals if f is not None]
