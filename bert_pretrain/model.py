@@ -57,6 +57,17 @@ def check_positions(model: Any, seq_length: int, *, source: str) -> None:
                         f"lower --max-seq-length to {positions} or use a model with more positions")
 
 
+def masked_lm_loss(hidden: torch.Tensor, predictions: nn.Module,
+                   batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """BERT's MLM loss, the mean over the masked tokens: the decoder applied at the ``max_predictions`` gathered
+    positions of each sequence only. Returns (loss, logits, flat targets; padding predictions hold ``IGNORE``)."""
+    positions, targets = batch["masked_lm_positions"], batch["masked_lm_ids"]
+    picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
+    logits = predictions(picked).float().flatten(0, 1)
+    targets = targets.flatten()
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE), logits, targets
+
+
 class PretrainingLoss(nn.Module):
     """``engine(batch)`` → MLM + NSP loss; ``last`` holds this batch's statistics as one tensor (see ``STATS``)."""
 
@@ -69,12 +80,7 @@ class PretrainingLoss(nn.Module):
         bert, heads = self.bert_model.bert, self.bert_model.cls
         out = bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                    attention_mask=batch["attention_mask"])
-        positions, targets = batch["masked_lm_positions"], batch["masked_lm_ids"]
-        hidden = out.last_hidden_state
-        picked = hidden.gather(1, positions.unsqueeze(-1).expand(-1, -1, hidden.size(-1)))
-        logits = heads.predictions(picked).float().flatten(0, 1)
-        targets = targets.flatten()
-        mlm = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+        mlm, logits, targets = masked_lm_loss(out.last_hidden_state, heads.predictions, batch)
         nsp_logits = heads.seq_relationship(out.pooler_output).float()
         nsp_labels = batch["next_sentence_label"]
         nsp = F.cross_entropy(nsp_logits, nsp_labels)

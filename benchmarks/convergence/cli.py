@@ -7,6 +7,7 @@
     python -m benchmarks.convergence ablation --regime large # the finals beside identity-curvature K-FAC
     python -m benchmarks.convergence defaults --regime large # K-FAC at the library's defaults and LAMB's lr
     python -m benchmarks.convergence lamb-shape --regime large  # LAMB's PolyWarmUp degree × weight decay (tune part)
+    python -m benchmarks.convergence minimal --regime small  # LAMB vs K-FAC defaults without DeepSpeed or NSP
 
 Every run is ``bert_pretrain`` under the deepspeed launcher on 2 CPU ranks (the code users run), trained on the
 training part of ``--text``. Tuning runs are evaluated on the tune part only; final runs on the report part only.
@@ -26,7 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.convergence import ablation, analysis, defaults, lamb_shape
+from benchmarks.convergence import ablation, analysis, defaults, lamb_shape, minimal
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
@@ -54,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                            ("defaults", "K-FAC as '\"kfac\": {\"enabled\": true}' gives it, at LAMB's tuned lr and "
                                         "warmup, beside the tuned K-FAC and LAMB"),
                            ("lamb-shape", "LAMB's PolyWarmUp degree × weight decay at its tuned lr and warmup, on the "
-                                          "tune part")):
+                                          "tune part"),
+                           ("minimal", "LAMB and K-FAC at the library's defaults in a minimal loop (no DeepSpeed, no "
+                                       "NSP, its own examples), report part, beside the pipeline")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--text", type=Path, nargs="+",
                        help="text files or SQuAD JSON files, their articles pooled (default: each regime's texts "
@@ -94,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="PolyWarmUp degrees (default: %(default)s)")
     shape.add_argument("--weight-decays", type=float, nargs="+", default=list(lamb_shape.WEIGHT_DECAYS),
                        help="LAMB weight decays (default: %(default)s)")
+    loop = sub.choices["minimal"]
+    loop.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    loop.add_argument("--seeds", type=int, nargs="+", default=[FINAL_SEEDS[0]],
+                      help="final-run seeds (default: %(default)s; the pipeline's same-day records of these seeds "
+                           "are read beside them)")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -276,6 +284,26 @@ def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def run_minimal(args: argparse.Namespace) -> dict[str, Any]:
+    """``minimal``: LAMB and K-FAC at the library's defaults through the minimal loop, beside the pipeline."""
+    regime = regime_of(args.regime, args)
+    parts = parts_of(args, regime)
+    out = args.results / regime.name
+    result = minimal.minimal(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args), seeds=args.seeds,
+                             vocab=args.vocab, work=args.work, out=out, info=machine())
+    print("minimal loop:")
+    print(ablation.report(result))
+    if result["pipeline_same_day_rows"]:
+        print("pipeline (same-day records of the same seeds):")
+        rows = result["pipeline_same_day_rows"]
+        print(ablation.report({"rows": rows, "summary": ablation.summarise(rows)}))
+    steps = {f"seed {r['seed']}": r["to_lamb_final"]["step_ratio"] for r in result["rows"]}
+    print(f"minimal loop, steps to LAMB's final as a fraction of LAMB's: {steps}")
+    print(f"passes over the training text: {result['passes_over_text']}; wrote {out / 'minimal.json'} and "
+          f"{out / 'minimal.png'}")
+    return result
+
+
 def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, Any]:
     """Run a per-seed study of K-FAC variants against the final LAMB runs, then print its rows and summary."""
     regime = regime_of(args.regime, args)
@@ -296,6 +324,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return {"tune": tune, "final": final, "ablation": run_ablation, "defaults": run_defaults,
-                "lamb-shape": run_lamb_shape}[args.command](args)
+                "lamb-shape": run_lamb_shape, "minimal": run_minimal}[args.command](args)
     except SplitError as exc:
         raise SystemExit(f"python -m benchmarks.convergence: {exc}") from exc
