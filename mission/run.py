@@ -31,6 +31,9 @@ VARIANTS = {"LAMB": "", "LAMB + K-FAC": "_kfac"}
 # phase 1 passes over its text about as often as that regime did (benchmarks/results/mission/rule.md).
 ARTICLES = 1900
 QUESTION_ARTICLES = 200  # the built-in SQuAD questions ask about this many of them: fine-tuning stays short
+# Config prefixes per phase when --config-prefix is not given: phase 1 is the main job's own regime, phase 2 the
+# standard BERT-tiny phase-2 recipe (one file per recipe: no copies that could drift apart).
+DEFAULT_PREFIXES = {1: "ds_configs/bert_tiny_mission", 2: "ds_configs/bert_tiny"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,8 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "below LAMB's final phase-1 held-out MLM loss, and that model goes on to phase 2 and SQuAD")
     p.add_argument("--phase2-steps", type=int, default=30, help="phase-2 optimizer steps")
     p.add_argument("--squad-epochs", type=int, default=4, help="SQuAD fine-tuning epochs")
-    p.add_argument("--config-prefix", default="ds_configs/bert_tiny_mission",
-                   help="pretraining configs: <prefix>_phase{1,2}[_kfac].json")
+    p.add_argument("--config-prefix",
+                   help="pretraining configs: <prefix>_phase{1,2}[_kfac].json (default: phase 1 "
+                        f"{DEFAULT_PREFIXES[1]}_phase1[_kfac].json, phase 2 {DEFAULT_PREFIXES[2]}_phase2[_kfac].json)")
     p.add_argument("--lamb-phase1-config", type=Path,
                    help="phase-1 config of the LAMB variant (default: <prefix>_phase1.json); e.g. tuned settings "
                         "from benchmarks/results/convergence/<regime>/chosen_lamb_ds_config.json")
@@ -96,7 +100,7 @@ def in_repo(path: str | Path) -> Path:
 
 def phase_config(args: argparse.Namespace, *, phase: int, suffix: str) -> str:
     """The DeepSpeed config of one variant's pretraining phase."""
-    config = f"{args.config_prefix}_phase{phase}{suffix}.json"
+    config = f"{args.config_prefix or DEFAULT_PREFIXES[phase]}_phase{phase}{suffix}.json"
     if phase == 1:
         config = str((args.kfac_phase1_config if suffix else args.lamb_phase1_config) or config)
     return config
@@ -130,9 +134,10 @@ def input_warnings(args: argparse.Namespace) -> list[str]:
         logger.warning("WARNING: %s", warnings[-1])
     if args.model_size != "tiny":
         defaults = parse_args([])
-        for flag, value, default in (("--config-prefix", args.config_prefix, defaults.config_prefix),
+        for flag, value, default in (("--config-prefix", args.config_prefix, None),
                                      ("--squad-config", args.squad_config, defaults.squad_config)):
             if value == default:
+                value = value or f"{DEFAULT_PREFIXES[1]} / {DEFAULT_PREFIXES[2]}"
                 warnings.append(f"--model-size {args.model_size} trains with the default {flag} {value}, the "
                                 f"recipe made for BERT-tiny on 2 CPU ranks (its learning rate and batch); give "
                                 f"{flag} a recipe for this model")

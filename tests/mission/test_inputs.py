@@ -67,7 +67,7 @@ def test_the_main_jobs_phase_configs_fit_their_default_phase_lengths(caplog: pyt
 
     args = mission_run.parse_args([])
     for phase, steps in ((1, args.phase1_steps), (2, args.phase2_steps)):
-        config = json.loads((REPO / f"{args.config_prefix}_phase{phase}_kfac.json").read_text())
+        config = json.loads((REPO / mission_run.phase_config(args, phase=phase, suffix="_kfac")).read_text())
         assert interval_warnings(config, steps=steps, source=f"phase {phase}") == []
         section = {k: v for k, v in config["kfac"].items() if k != "enabled"}
         inv = KFACConfig.from_dict(section).inv_update_steps  # the library's default where the section is silent
@@ -227,8 +227,8 @@ def test_the_main_jobs_phase_1_is_the_small_regime_with_lambs_tuned_settings_and
     small = REGIMES["small"]
     chosen = json.loads((REPO / "benchmarks/results/convergence/small/chosen.json").read_text())["lamb"]
     expected = ds_config(small, lr=chosen["lr"], warmup=chosen["warmup"], steps=small.steps, kfac=None)
-    lamb = json.loads((REPO / f"{args.config_prefix}_phase1.json").read_text())
-    kfac = json.loads((REPO / f"{args.config_prefix}_phase1_kfac.json").read_text())
+    lamb = json.loads((REPO / mission_run.phase_config(args, phase=1, suffix="")).read_text())
+    kfac = json.loads((REPO / mission_run.phase_config(args, phase=1, suffix="_kfac")).read_text())
     assert lamb | {"gradient_accumulation_steps": small.gas} == expected
     assert kfac == lamb | {"kfac": {"enabled": True}}  # nothing of K-FAC set: the library's defaults
     assert (args.phase1_steps, args.phase1_seq_length, args.phase1_max_predictions, args.eval_every) == \
@@ -251,3 +251,23 @@ def test_the_built_in_corpus_is_the_size_of_the_small_regimes_training_text(tmp_
     generate_corpus(seed=0, num_articles=mission_run.ARTICLES).write_text(corpus)
     words = len(corpus.read_text().split())
     assert abs(words - train_words) <= 0.05 * train_words, (words, train_words)
+
+
+def test_no_shipped_config_is_a_byte_copy_of_another_and_the_main_jobs_phase_2_is_the_standard_one() -> None:
+    """The main job's phase-2 configs were copies of bert_tiny_phase2*.json that could drift apart unseen: one
+    recipe, one file. Its phase 2 reads the standard BERT-tiny phase-2 configs; phase 1 its own."""
+    import hashlib
+
+    digests: dict[str, str] = {}
+    for path in sorted((REPO / "ds_configs").glob("*.json")):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        assert digest not in digests, f"{path.name} is a byte copy of {digests[digest]}"
+        digests[digest] = path.name
+    args = mission_run.parse_args([])
+    for suffix in ("", "_kfac"):
+        assert mission_run.phase_config(args, phase=2, suffix=suffix) == f"ds_configs/bert_tiny_phase2{suffix}.json"
+        assert mission_run.phase_config(args, phase=1, suffix=suffix) == \
+            f"ds_configs/bert_tiny_mission_phase1{suffix}.json"
+    given = mission_run.parse_args(["--config-prefix", "ds_configs/bert_large_bf16"])
+    assert [mission_run.phase_config(given, phase=p, suffix="_kfac") for p in (1, 2)] == \
+        ["ds_configs/bert_large_bf16_phase1_kfac.json", "ds_configs/bert_large_bf16_phase2_kfac.json"]
