@@ -63,12 +63,7 @@ def plot_train_heldout(records: dict[str, list[dict[str, Any]]], *, title: str, 
                             lw=1.2 if key == "curve" else 1,
                             label=f"{LABELS.get(name, name)}: {what}" if i == 0 else None)
     ax.set(xlabel="optimizer step", ylabel="MLM loss", ylim=(4.5, 8))
-    ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, title=title, fontsize=10, out=out)
 
 
 def plot_curves(records: dict[str, list[dict[str, Any]]], *, title: str, ylabel: str, out: Path) -> None:
@@ -84,8 +79,15 @@ def plot_curves(records: dict[str, list[dict[str, Any]]], *, title: str, ylabel:
             curve = curve_of(record)
             ax.plot(curve.steps, curve.values, color=f"C{i}", alpha=0.8, lw=1.2, label=name if j == 0 else None)
     ax.set(xlabel="optimizer step", ylabel=ylabel)
+    _save(fig, ax, title=title, fontsize=9, out=out)
+
+
+def _save(fig: Any, ax: Any, *, title: str, fontsize: int, out: Path) -> None:
+    """Legend, title, tight layout; write the PNG and free the figure."""
+    import matplotlib.pyplot as plt
+
     ax.legend(fontsize=8)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=fontsize)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
