@@ -575,3 +575,38 @@ def test_a_lamb_shape_key_outside_the_known_ones_is_refused_by_name() -> None:
 
     with pytest.raises(ValueError, match="'beta1'"):
         ds_config(REGIMES["small"], lr=0.01, warmup=0.1, steps=10, kfac=None, lamb_shape={"beta1": 0.8})
+
+
+def test_same_day_at_the_tuned_lamb_shape_trains_both_optimizers_at_it_into_their_own_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, 2b: if LAMB's tuning of its schedule shape changes LAMB, the ratios must be measured against that
+    LAMB, with K-FAC preconditioning the same LAMB; the shipped pairs' records stay where they are."""
+    from benchmarks.convergence import same_day
+
+    out = tmp_path / "small"
+    out.mkdir()
+    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.02}}))
+    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
+    with pytest.raises(SystemExit, match="lamb-shape --regime small"):
+        same_day.main(["--regime", "small", "--tuned-lamb-shape"])
+    (out / "lamb_shape.json").write_text(json.dumps({"chosen": {"degree": 0.5, "weight_decay": 0.01}}))
+    with pytest.raises(SystemExit, match="shipped shape"):
+        same_day.main(["--regime", "small", "--tuned-lamb-shape"])
+    (out / "lamb_shape.json").write_text(json.dumps({"chosen": {"degree": 0.5, "weight_decay": 0.1}}))
+    ran: list[tuple[str, Path, dict[str, Any]]] = []
+
+    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, **_: Any) -> dict[str, Any]:
+        ran.append((spec.name, record.parent, spec.ds_config(regime)))
+        return {"spec": spec.key(), "final": 5.0, "train_seconds": 1.0,
+                "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.0]}}
+
+    monkeypatch.setattr(same_day, "run", fake_run)
+    monkeypatch.setattr(same_day, "plot_train_heldout", lambda *a, **k: None)
+    result = same_day.main(["--regime", "small", "--seeds", "1", "--tuned-lamb-shape"])
+    assert [(n, folder.name) for n, folder, _ in ran] == [("lamb_seed1", "same_day_lamb_shape"),
+                                                          ("defaults_seed1", "same_day_lamb_shape")]
+    assert all(cfg["optimizer"]["params"]["weight_decay"] == 0.1 and cfg["lr_schedule"]["degree"] == 0.5
+               for _, _, cfg in ran)
+    assert ran[1][2]["kfac"] == {"enabled": True}
+    assert result["lamb_shape"] == {"weight_decay": 0.1} and (out / "defaults_same_day_lamb_shape.json").is_file()
