@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     loop.add_argument("--seeds", type=int, nargs="+", default=[FINAL_SEEDS[0]],
                       help="final-run seeds (default: %(default)s; the pipeline's same-day records of these seeds "
                            "are read beside them)")
+    loop.add_argument("--examples", choices=sorted(minimal.EXAMPLES), default="blocks",
+                      help="blocks: contiguous blocks masked afresh (default); pipeline: bert_pretrain's prepared "
+                           "examples (sentence pairs, fixed maskings), NSP still off")
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -290,7 +293,7 @@ def run_minimal(args: argparse.Namespace) -> dict[str, Any]:
     parts = parts_of(args, regime)
     out = args.results / regime.name
     result = minimal.minimal(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args), seeds=args.seeds,
-                             vocab=args.vocab, work=args.work, out=out, info=machine())
+                             vocab=args.vocab, work=args.work, out=out, info=machine(), examples=args.examples)
     print("minimal loop:")
     print(ablation.report(result))
     if result["pipeline_same_day_rows"]:
@@ -299,8 +302,9 @@ def run_minimal(args: argparse.Namespace) -> dict[str, Any]:
         print(ablation.report({"rows": rows, "summary": ablation.summarise(rows)}))
     steps = {f"seed {r['seed']}": r["to_lamb_final"]["step_ratio"] for r in result["rows"]}
     print(f"minimal loop, steps to LAMB's final as a fraction of LAMB's: {steps}")
-    print(f"passes over the training text: {result['passes_over_text']}; wrote {out / 'minimal.json'} and "
-          f"{out / 'minimal.png'}")
+    stem = "minimal" if args.examples == "blocks" else "minimal_pipeline_examples"
+    print(f"passes over the training text: {result['passes_over_text']}; wrote {out / stem}.json and "
+          f"{out / stem}.png")
     return result
 
 

@@ -44,6 +44,8 @@ from benchmarks.convergence.runner import RunSpec, final_spec, recorded_inputs, 
 from benchmarks.harness.output import write_json
 from bert_pretrain import eval_sets
 from bert_pretrain.data.examples import IGNORE, ExampleSettings, Specials, mask_tokens
+from bert_pretrain.data.loader import MicroBatches, load_split, to_device
+from bert_pretrain.data.prepare import prepare_phase
 from bert_pretrain.data.tokenizer import load_tokenizer
 from bert_pretrain.model import masked_lm_loss
 from kaisa_ds.engine.ds_config import parse_kfac_section, poly_warmup_from_config
@@ -53,6 +55,10 @@ from kaisa_ds.preconditioner import KFACPreconditioner
 
 logger = logging.getLogger(__name__)
 LOOP = "minimal: one process, no DeepSpeed, no NSP, contiguous blocks masked afresh each step"
+# --examples pipeline: the same loop on the pipeline's own prepared examples (sentence pairs, dupe_factor fixed
+# maskings), NSP still off: tells the example construction apart from NSP and DeepSpeed
+EXAMPLES = {"blocks": LOOP, "pipeline": "minimal: one process, no DeepSpeed, no NSP, the pipeline's prepared "
+                                        "examples (sentence pairs, fixed maskings)"}
 
 
 class MaskedLM(nn.Module):
@@ -126,6 +132,29 @@ class BlockBatches:
                 "masked_lm_ids": torch.tensor(ids)}
 
 
+class PreparedBatches:
+    """The pipeline's prepared training examples (``bert_pretrain``'s data for this seed: sentence pairs, each
+    document masked ``dupe_factor`` times before training), drawn as one rank draws them."""
+
+    def __init__(self, regime: Regime, parts: Parts, *, vocab: Path, cache: Path, seed: int) -> None:
+        folder = prepare_phase([parts.path("train")], cache, phase=1, vocab=vocab, dupe_factor=regime.dupe_factor,
+                               seed=seed, max_seq_length=regime.seq, max_predictions=regime.max_predictions)
+        self.examples = load_split(folder, "train")
+        self.documents_per_pass = len(self.examples) / regime.dupe_factor  # one masking of every document
+        self.batches = iter(MicroBatches(self.examples, micro_batch=regime.micro_batch, seed=seed, rank=0, world=1))
+        self.used = 0
+
+    @property
+    def passes(self) -> float:
+        """Passes over the text so far (each of the ``dupe_factor`` maskings is one pass)."""
+        return self.used / self.documents_per_pass
+
+    def next(self) -> dict[str, torch.Tensor]:
+        batch = to_device(next(self.batches), torch.device("cpu"))
+        self.used += batch["input_ids"].size(0)
+        return batch
+
+
 def heldout_mlm(module: MaskedLM, examples: Any, *, count: int, micro_batch: int) -> float:
     """Mean MLM loss over the first ``count`` prepared held-out examples (as the pipeline's evaluation sums them)."""
     total, tokens = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
@@ -151,8 +180,10 @@ def report_examples(regime: Regime, parts: Parts, *, vocab: Path, cache: Path) -
     return eval_sets.load(folders["report"])
 
 
-def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Path) -> dict[str, Any]:
-    """One run of the minimal loop; its record has the pipeline records' curve fields."""
+def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Path,
+          examples: str = "blocks") -> dict[str, Any]:
+    """One run of the minimal loop on its own blocks or the pipeline's ``examples``; its record has the pipeline
+    records' curve fields."""
     cfg = spec.ds_config(regime)
     tok = load_tokenizer(vocab)
     blocks = token_blocks(parts.path("train"), tok, seq=regime.seq)
@@ -167,8 +198,11 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
     if section.enabled:
         kfac = KFACPreconditioner(module, config=section.config, lr=lambda step: float(scheduler.get_last_lr()[0]),
                                   accumulation_steps=passes)
-    batches = BlockBatches(blocks, micro_batch=regime.micro_batch, max_predictions=regime.max_predictions,
-                           specials=Specials.of(tok), seed=spec.seed)
+    batches: BlockBatches | PreparedBatches = BlockBatches(
+        blocks, micro_batch=regime.micro_batch, max_predictions=regime.max_predictions, specials=Specials.of(tok),
+        seed=spec.seed)
+    if examples == "pipeline":
+        batches = PreparedBatches(regime, parts, vocab=vocab, cache=cache / f"train_seed{spec.seed}", seed=spec.seed)
     steps: list[int] = []
     seconds: list[float] = []
     values: list[float] = []
@@ -198,39 +232,42 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
             values.append(value)
             train_values.append(mean_train)
             window.zero_()
-    return {"spec": spec.key(), "loop": LOOP, "lamb": impl, "kfac_layers": len(kfac.layers) if kfac else 0,
+    return {"spec": spec.key(), "loop": EXAMPLES[examples], "lamb": impl,
+            "kfac_layers": len(kfac.layers) if kfac else 0,
             "curve": {"steps": steps, "seconds": seconds, "values": values},
             "train_curve": {"steps": steps, "seconds": seconds, "values": train_values},
             "final": values[-1], "train_seconds": elapsed, "passes_over_text": round(batches.passes, 2),
-            "blocks": blocks.size(0), "error": None}
+            "examples": examples, "error": None}
 
 
 def run_minimal(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path, record: Path,
-                machine: dict[str, Any]) -> dict[str, Any]:
+                machine: dict[str, Any], examples: str = "blocks") -> dict[str, Any]:
     """Train (or reuse the record of) one minimal-loop run."""
-    inputs = {**run_inputs(spec, regime, parts, vocab=vocab), "loop": LOOP}
+    inputs = {**run_inputs(spec, regime, parts, vocab=vocab), "loop": EXAMPLES[examples]}
     if record.is_file():
         old = json.loads(record.read_text())
         if recorded_inputs(old) == inputs:
             logger.info("%s: recorded in %s; reused", spec.name, record)
             return dict(old)
-    result = {"inputs": inputs, **train(spec, regime, parts, vocab=vocab, cache=work / "minimal_data" / regime.name),
-              "machine": machine}
+    result = {"inputs": inputs, **train(spec, regime, parts, vocab=vocab, cache=work / "minimal_data" / regime.name,
+                                        examples=examples), "machine": machine}
     write_json(result, record)
     return result
 
 
 def minimal(*, regime: Regime, parts: Parts, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
-            out: Path, info: dict[str, Any]) -> dict[str, Any]:
+            out: Path, info: dict[str, Any], examples: str = "blocks") -> dict[str, Any]:
     """LAMB and K-FAC at the library's defaults through the minimal loop, per seed, beside the pipeline's same-day
-    records of the same seeds (when there are); writes ``minimal.json`` and ``minimal.png``."""
+    records of the same seeds (when there are); writes ``minimal.json`` and ``minimal.png`` (with the pipeline's
+    ``examples``: ``minimal_pipeline_examples.*``)."""
+    stem = "minimal" if examples == "blocks" else "minimal_pipeline_examples"
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "defaults": []}
     for seed in seeds:
         specs = {"lamb": final_spec(regime=regime, chosen=chosen, optimizer="lamb", seed=seed),
                  "defaults": defaults_spec(regime=regime, lamb=chosen["lamb"], seed=seed, steps=regime.steps)}
         for name, spec in specs.items():
             records[name].append(run_minimal(spec, regime, parts, vocab=vocab, work=work, machine=info,
-                                             record=out / "minimal" / f"{name}_seed{seed}.json"))
+                                             record=out / stem / f"{name}_seed{seed}.json", examples=examples))
     pipeline: dict[str, list[dict[str, Any]]] = {"lamb": [], "defaults": []}
     for name in pipeline:
         for seed in seeds:
@@ -239,13 +276,13 @@ def minimal(*, regime: Regime, parts: Parts, chosen: dict[str, Any], seeds: list
                 pipeline[name].append(json.loads(path.read_text()))
     rows = seed_rows(records["lamb"], {"defaults": records["defaults"]})
     pipeline_rows = seed_rows(pipeline["lamb"], {"defaults": pipeline["defaults"]})
-    result = {"regime": regime.name, "seeds": seeds, "loop": LOOP, "lamb": chosen["lamb"],
+    result = {"regime": regime.name, "seeds": seeds, "loop": EXAMPLES[examples], "lamb": chosen["lamb"],
               "kfac_section": {"enabled": True}, "rows": rows, "summary": summarise(rows),
               "passes_over_text": {n: [r["passes_over_text"] for r in rs] for n, rs in records.items()},
               "pipeline_same_day_rows": pipeline_rows, "machine": info}
-    write_json(result, out / "minimal.json")
+    write_json(result, out / f"{stem}.json")
     plot_curves({"LAMB, minimal loop": records["lamb"], "K-FAC defaults, minimal loop": records["defaults"],
                  "LAMB, pipeline": pipeline["lamb"], "K-FAC defaults, pipeline": pipeline["defaults"]},
-                title=f"{regime.name} regime, report part: the minimal loop beside the pipeline (seeds {seeds})",
-                ylabel="held-out MLM loss (report part)", out=out / "minimal.png")
+                title=f"{regime.name} regime, report part: the minimal loop ({examples} examples) beside the pipeline "
+                      f"(seeds {seeds})", ylabel="held-out MLM loss (report part)", out=out / f"{stem}.png")
     return result

@@ -77,3 +77,18 @@ def test_the_minimal_loop_learns_real_text_with_and_without_kfac_and_reuses_its_
     with pytest.raises(AssertionError, match="trained again"):
         minimal.run_minimal(other, regime, parts, vocab=DEFAULT_VOCAB, work=tmp_path / "work",
                             record=out / "minimal" / "lamb_seed1.json", machine={})
+
+
+@REAL_DATA
+def test_the_pipelines_own_examples_come_as_one_rank_draws_them_sentence_pairs_with_their_fixed_masks(
+        tmp_path: Path) -> None:
+    """--examples pipeline bisects the minimal loop against the pipeline: bert_pretrain's prepared examples (both
+    segments, dupe_factor fixed maskings), a pass counted per masking of the text."""
+    regime = dataclasses.replace(quick(REGIMES["small"]), dupe_factor=2, micro_batch=4)
+    parts = write_parts([TEXT], tmp_path / "parts", max_units=QUICK_UNITS)
+    batches = minimal.PreparedBatches(regime, parts, vocab=DEFAULT_VOCAB, cache=tmp_path / "cache", seed=1)
+    seen = [batches.next() for _ in range(3)]
+    assert all(b["input_ids"].size(0) == 4 and b["input_ids"].size(1) <= regime.seq for b in seen)
+    assert any((b["token_type_ids"] == 1).any() for b in seen)  # second segments, as the pipeline trains on
+    assert all(((b["masked_lm_ids"] != IGNORE).sum(1) >= 1).all() for b in seen)
+    assert batches.passes == pytest.approx(12 / (len(batches.examples) / 2))
