@@ -302,7 +302,7 @@ def run_minimal(args: argparse.Namespace) -> dict[str, Any]:
         print(ablation.report({"rows": rows, "summary": ablation.summarise(rows)}))
     steps = {f"seed {r['seed']}": r["to_lamb_final"]["step_ratio"] for r in result["rows"]}
     print(f"minimal loop, steps to LAMB's final as a fraction of LAMB's: {steps}")
-    stem = "minimal" if args.examples == "blocks" else "minimal_pipeline_examples"
+    stem = minimal.STEMS[args.examples]
     print(f"passes over the training text: {result['passes_over_text']}; wrote {out / stem}.json and "
           f"{out / stem}.png")
     return result

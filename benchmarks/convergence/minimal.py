@@ -59,6 +59,7 @@ LOOP = "minimal: one process, no DeepSpeed, no NSP, contiguous blocks masked afr
 # maskings), NSP still off: tells the example construction apart from NSP and DeepSpeed
 EXAMPLES = {"blocks": LOOP, "pipeline": "minimal: one process, no DeepSpeed, no NSP, the pipeline's prepared "
                                         "examples (sentence pairs, fixed maskings)"}
+STEMS = {"blocks": "minimal", "pipeline": "minimal_pipeline_examples"}  # record folder and summary/plot names
 
 
 class MaskedLM(nn.Module):
@@ -186,7 +187,12 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
     records' curve fields."""
     cfg = spec.ds_config(regime)
     tok = load_tokenizer(vocab)
-    blocks = token_blocks(parts.path("train"), tok, seq=regime.seq)
+    batches: BlockBatches | PreparedBatches  # only the source asked for is tokenised or prepared
+    if examples == "pipeline":
+        batches = PreparedBatches(regime, parts, vocab=vocab, cache=cache / f"train_seed{spec.seed}", seed=spec.seed)
+    else:
+        batches = BlockBatches(token_blocks(parts.path("train"), tok, seq=regime.seq), micro_batch=regime.micro_batch,
+                               max_predictions=regime.max_predictions, specials=Specials.of(tok), seed=spec.seed)
     heldout = report_examples(regime, parts, vocab=vocab, cache=cache)
     torch.manual_seed(spec.seed)
     module = MaskedLM(regime.model_size, vocab_size=len(tok)).train()
@@ -198,11 +204,6 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
     if section.enabled:
         kfac = KFACPreconditioner(module, config=section.config, lr=lambda step: float(scheduler.get_last_lr()[0]),
                                   accumulation_steps=passes)
-    batches: BlockBatches | PreparedBatches = BlockBatches(
-        blocks, micro_batch=regime.micro_batch, max_predictions=regime.max_predictions, specials=Specials.of(tok),
-        seed=spec.seed)
-    if examples == "pipeline":
-        batches = PreparedBatches(regime, parts, vocab=vocab, cache=cache / f"train_seed{spec.seed}", seed=spec.seed)
     steps: list[int] = []
     seconds: list[float] = []
     values: list[float] = []
@@ -260,7 +261,7 @@ def minimal(*, regime: Regime, parts: Parts, chosen: dict[str, Any], seeds: list
     """LAMB and K-FAC at the library's defaults through the minimal loop, per seed, beside the pipeline's same-day
     records of the same seeds (when there are); writes ``minimal.json`` and ``minimal.png`` (with the pipeline's
     ``examples``: ``minimal_pipeline_examples.*``)."""
-    stem = "minimal" if examples == "blocks" else "minimal_pipeline_examples"
+    stem = STEMS[examples]
     records: dict[str, list[dict[str, Any]]] = {"lamb": [], "defaults": []}
     for seed in seeds:
         specs = {"lamb": final_spec(regime=regime, chosen=chosen, optimizer="lamb", seed=seed),
