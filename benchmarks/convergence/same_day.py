@@ -57,7 +57,8 @@ def tuned_lamb_shape(out: Path) -> dict[str, Any]:
         raise SystemExit(f"--tuned-lamb-shape: {path} is missing; make it with `python -m benchmarks.convergence "
                          f"lamb-shape --regime {out.name}`")
     chosen = json.loads(path.read_text())["chosen"]
-    shape = {k: v for k, v in chosen.items() if v != shipped_lamb_shape()[k]}
+    shipped = shipped_lamb_shape()
+    shape = {k: v for k, v in chosen.items() if v != shipped[k]}
     if not shape:
         raise SystemExit(f"--tuned-lamb-shape: {path} chose the shipped shape {chosen}; the plain pairs already "
                          "measure it")
