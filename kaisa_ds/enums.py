@@ -33,6 +33,22 @@ class DistributedStrategy(str, enum.Enum):
     MEM_OPT = "mem-opt"  # fraction 1/world: one rank per layer preconditions and broadcasts
 
 
+class LambImplementation(str, enum.Enum):
+    """Which LAMB ``kaisa_ds.optim.build_lamb`` builds (``optimizer.params.implementation`` in a DeepSpeed config).
+
+    ``auto`` (the default): NVIDIA Apex's FusedLAMB when importable, else kaisa_ds's own LAMB: both follow Apex's
+    semantics, so a learning rate tuned on one device holds on the other. ``deepspeed``: DeepSpeed's FusedLamb
+    (CUDA, JIT-built), faster than the pure-PyTorch LAMB but a different algorithm: its trust-ratio step is
+    multiplied by ``sqrt(1-β₂ᵗ)/(1-β₁ᵗ)`` (≈0.3 at step 1, → 1 later), the ratio clamped to [min_coeff, max_coeff].
+    ``apex`` and ``torch`` ask for one of the two Apex-semantics implementations by name.
+    """
+
+    AUTO = "auto"
+    APEX = "apex"
+    DEEPSPEED = "deepspeed"
+    TORCH = "torch"
+
+
 class DampingMode(str, enum.Enum):
     """What a damping value is measured against.
 

@@ -1,28 +1,35 @@
-"""Builds LAMB from a DeepSpeed config with the best implementation this machine has.
+"""Builds LAMB from a DeepSpeed config with the best implementation of one semantics this machine has.
 
-Order: NVIDIA Apex ``FusedLAMB`` (the reference semantics, fused CUDA kernels), DeepSpeed's ``FusedLamb``
-(CUDA, JIT-built), then ``kaisa_ds.optim.lamb.Lamb`` (pure PyTorch, Apex semantics, any device).
+``auto``: NVIDIA Apex ``FusedLAMB`` (the reference semantics, fused CUDA kernels), else ``kaisa_ds.optim.lamb.Lamb``
+(pure PyTorch, Apex semantics, any device). DeepSpeed's ``FusedLamb`` (CUDA, JIT-built) is a different LAMB
+(:class:`kaisa_ds.enums.LambImplementation` says how), so it is built only when asked for by name.
 The PyPI package called ``apex`` is an unrelated web toolkit: Apex counts only when NVIDIA Apex's CUDA
 extension ``amp_C`` exists, checked with ``find_spec`` before anything named ``apex`` is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
-from collections.abc import Iterable, Mapping
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from kaisa_ds.enums import LambImplementation, parse_enum
 from kaisa_ds.optim.lamb import Lamb, global_grad_norm
 from kaisa_ds.optim.param_groups import weight_decay_groups
 
 logger = logging.getLogger(__name__)
 
 # DeepSpeed's "Lamb" optimizer params (deepspeed/ops/lamb/fused_lamb.py); missing ones take Apex's defaults.
-DS_LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff")
+DS_LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff",
+                "implementation")
+ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 
 
 def is_lamb_config(section: Mapping[str, Any] | None) -> bool:
@@ -78,6 +85,47 @@ def _deepspeed_fused_lamb() -> tuple[type | None, str]:
     return GlobalNormFusedLamb, ""
 
 
+def parseable_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed 0.19's JIT builder can parse it: PyTorch's arch-specific suffix
+    (``9.0a``, which CUDA images set for Hopper) dropped, ``+PTX`` kept, ``;``-separated."""
+    entries = [e for e in re.split(r"[;\s]+", value.strip()) if e]
+    return ";".join(re.sub(r"^(\d+\.\d+)[a-z]+", r"\1", e) for e in entries)
+
+
+@contextlib.contextmanager
+def _deepspeed_buildable_arch_list() -> Iterator[None]:
+    """Set a parseable ``TORCH_CUDA_ARCH_LIST`` for the JIT build (an H100 image's ``9.0a`` fails it with
+    ``int('0a')``); the user's value is restored afterwards."""
+    value = os.environ.get(ARCH_ENV)
+    if value is None or parseable_arch_list(value) == value:
+        yield
+        return
+    os.environ[ARCH_ENV] = parseable_arch_list(value)
+    try:
+        yield
+    finally:
+        os.environ[ARCH_ENV] = value
+
+
+def _build_deepspeed_fused_lamb(params: list[Any], *, max_coeff: float, min_coeff: float,
+                                **common: Any) -> torch.optim.Optimizer:
+    """DeepSpeed's FusedLamb, asked for by name: built, or a RuntimeError that says why not."""
+    ds_cls, why = _deepspeed_fused_lamb()
+    if ds_cls is None:
+        raise RuntimeError(f"LAMB implementation='deepspeed' was asked for, but {why}; use 'auto' for Apex's "
+                           "FusedLAMB or kaisa_ds's LAMB")
+    try:
+        with _deepspeed_buildable_arch_list():
+            opt = ds_cls(params, max_coeff=max_coeff, min_coeff=min_coeff, **common)
+    except Exception as exc:  # the op is JIT-built here: no nvcc, a CUDA mismatch, ...
+        raise RuntimeError(f"LAMB implementation='deepspeed': DeepSpeed's FusedLamb failed to build ({exc!r}); "
+                           "ds_report shows what its op builder lacks; use 'auto' for kaisa_ds's LAMB") from exc
+    logger.info("LAMB: using DeepSpeed FusedLamb. It differs from Apex: its step is scaled by sqrt(1-b2^t)/(1-b1^t) "
+                "after the trust ratio, the ratio is clamped to [%g, %g] and applied to every parameter, eps is "
+                "added to sqrt(v) before bias correction", min_coeff, max_coeff)
+    return opt  # type: ignore[no-any-return]
+
+
 def _first_tensor(params: list[Any]) -> torch.Tensor | None:
     for item in params:
         if isinstance(item, torch.Tensor):
@@ -90,33 +138,34 @@ def _first_tensor(params: list[Any]) -> torch.Tensor | None:
 def build_lamb(
     params_or_groups: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
     weight_decay: float = 0.01, max_grad_norm: float = 1.0, bias_correction: bool = True,
-    max_coeff: float = 10.0, min_coeff: float = 0.01,
+    max_coeff: float = 10.0, min_coeff: float = 0.01, implementation: LambImplementation | str = "auto",
 ) -> tuple[torch.optim.Optimizer, str]:
-    """The best LAMB available and its name; logs the choice and why better ones were skipped.
+    """The LAMB ``implementation`` names (``auto``: the fastest of Apex semantics here) and its name; logs the
+    choice and why faster ones were skipped.
 
     ``max_coeff``/``min_coeff`` clamp the trust ratio in DeepSpeed's FusedLamb only; Apex's and
     kaisa_ds's LAMB do not clamp it.
     """
+    impl = parse_enum(LambImplementation, implementation, name="optimizer.params.implementation")
     params = list(params_or_groups)
     common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                   bias_correction=bias_correction)
-    apex_cls, apex_why = _apex_fused_lamb(params)
-    if apex_cls is not None:
-        logger.info("LAMB: using NVIDIA Apex FusedLAMB")
-        return apex_cls(params, **common), "apex.FusedLAMB"
-    ds_cls, ds_why = _deepspeed_fused_lamb()
-    if ds_cls is not None:
-        try:
-            opt = ds_cls(params, max_coeff=max_coeff, min_coeff=min_coeff, **common)
-        except Exception as exc:  # the op is JIT-built here: no nvcc, a CUDA mismatch, ...
-            ds_why = f"DeepSpeed's FusedLamb failed to build ({exc!r})"
-        else:
-            logger.info("LAMB: using DeepSpeed FusedLamb (%s). It differs from Apex: trust ratio clamped to "
-                        "[%g, %g] and applied to every parameter, eps added to sqrt(v) before bias correction",
-                        apex_why, min_coeff, max_coeff)
-            return opt, "deepspeed.FusedLamb"
-    logger.info("LAMB: using kaisa_ds.optim.lamb.Lamb (pure PyTorch, Apex FusedLAMB semantics): %s; %s",
-                apex_why, ds_why)
+    if impl is LambImplementation.DEEPSPEED:
+        return _build_deepspeed_fused_lamb(params, max_coeff=max_coeff, min_coeff=min_coeff, **common), \
+            "deepspeed.FusedLamb"
+    apex_why = "not asked for (implementation='torch')"
+    if impl is not LambImplementation.TORCH:
+        apex_cls, apex_why = _apex_fused_lamb(params)
+        if apex_cls is not None:
+            logger.info("LAMB: using NVIDIA Apex FusedLAMB")
+            return apex_cls(params, **common), "apex.FusedLAMB"
+        if impl is LambImplementation.APEX:
+            raise RuntimeError(f"LAMB implementation='apex' was asked for, but {apex_why}; use 'auto' for "
+                               "kaisa_ds's LAMB (the same semantics)")
+    hint = (" DeepSpeed's FusedLamb is faster on a GPU but a different LAMB; set \"implementation\": \"deepspeed\" "
+            "in optimizer.params to use it" if torch.cuda.is_available() else "")
+    logger.info("LAMB: using kaisa_ds.optim.lamb.Lamb (pure PyTorch, Apex FusedLAMB semantics): %s.%s",
+                apex_why, hint)
     return Lamb(params, **common), "kaisa_ds.Lamb"  # type: ignore[arg-type]
 
 
@@ -159,6 +208,9 @@ def lamb_kwargs_from_ds_params(params: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"optimizer.params.bias_correction={params['bias_correction']!r} is not valid; "
                              "allowed: true or false")
         kwargs["bias_correction"] = params["bias_correction"]
+    if "implementation" in params:
+        kwargs["implementation"] = parse_enum(LambImplementation, params["implementation"],
+                                              name="optimizer.params.implementation")
     if kwargs.get("min_coeff", 0.01) > kwargs.get("max_coeff", 10.0):
         raise ValueError("optimizer.params: min_coeff must not exceed max_coeff")
     return kwargs
