@@ -43,12 +43,24 @@ class Decomposition:
         return all(bool(torch.isfinite(t).all()) for t in self.tensors())
 
 
-def stack_views(decs: list[Decomposition], attr: str) -> torch.Tensor:
+def stack_views(decs: list[Decomposition], attr: str, *, pad: int = 0) -> torch.Tensor:
     """Stack the ``attr`` tensor (``eigvecs``, ``eigvals`` or ``inverse``) of every decomposition and point each
-    decomposition at its slot, so the stack is their one copy (what the grouped preconditioner multiplies by)."""
-    stacked = torch.stack([getattr(d, attr) for d in decs])
+    decomposition at its slot, so the stack is their one copy (what the grouped preconditioner multiplies by).
+
+    ``pad`` zero-pads every dimension of each slot by that many (the grouped preconditioner aligns odd sizes such
+    as a bias-augmented 1025 for the GPU's matmuls); the decompositions then view the unpadded corner."""
+    if not pad:
+        stacked = torch.stack([getattr(d, attr) for d in decs])
+        for i, d in enumerate(decs):
+            setattr(d, attr, stacked[i])
+        return stacked
+    first = getattr(decs[0], attr)
+    stacked = first.new_zeros((len(decs), *(n + pad for n in first.shape)))
     for i, d in enumerate(decs):
-        setattr(d, attr, stacked[i])
+        tensor = getattr(d, attr)
+        slot = stacked[i][tuple(slice(0, n) for n in tensor.shape)]
+        slot.copy_(tensor)
+        setattr(d, attr, slot)
     return stacked
 
 

@@ -25,6 +25,6 @@ def with_flag(dec: Decomposition | None, dim: int, *, diagonal: bool, method: Co
     """``dec``'s tensors and a validity flag of 1; the :func:`placeholder` when there is no ``dec``."""
     if dec is None:
         return placeholder(dim, diagonal=diagonal, method=method, dtype=dtype, device=device)
-    tensors = dec.tensors()
+    tensors = [t.contiguous() for t in dec.tensors()]  # a collective needs dense tensors, not padded-stack views
     return [*tensors, torch.ones(1, dtype=tensors[0].dtype, device=tensors[0].device)]
 
