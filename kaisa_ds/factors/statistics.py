@@ -23,11 +23,13 @@ def keep_all(x: torch.Tensor) -> torch.Tensor:
 
 def gram(x: torch.Tensor) -> torch.Tensor:
     """``xᵀ x`` in FP32. Half-precision CUDA inputs use tensor-core GEMMs with FP32 accumulation and output
-    (no FP32 copy of the activations, and no overflow of an FP16 result)."""
-    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
-        return torch.mm(x.t(), x, out_dtype=torch.float32)
-    x = x.to(torch.float32)
-    return x.t() @ x
+    (no FP32 copy of the activations, and no overflow of an FP16 result). Autocast is off here: the hooks run
+    inside the user's ``torch.autocast``, which would make an FP32 input's product FP16 (inf past 65504)."""
+    with torch.autocast(x.device.type, enabled=False):
+        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+            return torch.mm(x.t(), x, out_dtype=torch.float32)
+        x = x.to(torch.float32)
+        return x.t() @ x
 
 
 def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False,
