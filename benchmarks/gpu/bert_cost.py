@@ -131,7 +131,7 @@ def run(ctx: Context) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": machine(), "kaisa": k, "lamb": lamb, "micro_batch": batch, "probe": probe,
                            "runs": [], "target_overhead": TARGET, "skipped": [], "failed": []}
     for dtype in dtypes:
-        for fraction in (1.0, k["sample_fraction"]):
+        for fraction in ctx.args.sample_fractions or (1.0, k["sample_fraction"]):
             started = time.monotonic()
             if out["runs"] and ctx.seconds_left() < 1.2 * out["runs"][-1]["seconds"]:
                 out["skipped"].append({"dtype": dtype, "sample_fraction": fraction, "why": "call's time budget"})

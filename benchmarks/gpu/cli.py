@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PARTS = ("tests", "step_cost", "eigh", "convergence")
+PARTS = ("tests", "step_cost", "eigh", "diagnose", "convergence")
 CALL_SECONDS = 540.0  # one device call: 10 minutes at most, 9 planned
 
 
@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"], help="step_cost dtypes")
     p.add_argument("--batches", type=int, nargs="+", default=[128, 96, 64, 48, 32, 16, 8],
                    help="step_cost: micro-batches to probe, the largest that fits is used")
+    p.add_argument("--sample-fractions", type=float, nargs="+", help="step_cost: token-sampling fractions, in this "
+                   "order (default: 1, then the phase-1 config's; put the lever first when the budget is short)")
     p.add_argument("--repeats", type=int, default=3, help="step_cost and eigh: measured rounds (median reported)")
     p.add_argument("--step-seconds", type=float, nargs="*", help="eigh: LAMB step seconds to size the interval by "
                    "(default: this --out's gpu_step_cost.json)")
@@ -43,9 +45,10 @@ def refuse(message: str) -> int:
 
 
 def part_runner(name: str) -> Callable[[Any], dict[str, Any]]:
-    from benchmarks.gpu import bert_cost, convergence, eigh, tests_part
+    from benchmarks.gpu import bert_cost, convergence, diagnose, eigh, tests_part
 
-    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "convergence": convergence}
+    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "diagnose": diagnose,
+               "convergence": convergence}
     return modules[name].run  # type: ignore[no-any-return]
 
 

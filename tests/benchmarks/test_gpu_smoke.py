@@ -26,7 +26,11 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         torch.set_num_threads(threads)
     suite = json.loads((out / "gpu_suite.json").read_text())
     assert code == 0, suite
-    assert list(suite["parts"]) == ["tests", "step_cost", "eigh"]
+    assert list(suite["parts"]) == ["tests", "step_cost", "eigh", "diagnose"]
+    diag = json.loads((out / "gpu_diagnose.json").read_text())
+    assert [r["speedup"] > 0 for r in diag["alignment"]] == [True] * 3
+    assert diag["fp16_exact"]["grams"] > 0 and diag["fp16_exact"]["nonfinite_outputs"] == []
+    assert "aten::" in diag["profile"]["plain"] and "aten::" in diag["profile"]["factor"]
     tests = json.loads((out / "gpu_tests.json").read_text())
     assert tests["counts"]["failed"] == tests["counts"]["error"] == 0 and tests["counts"]["passed"] >= 10
     fused = [t for t in tests["tests"] if "fused_lamb" in t["test"]]

@@ -1,0 +1,119 @@
+"""Part ``diagnose``: where step_cost's K-FAC time goes, when the first GPU figures miss the target.
+
+Three findings a short device call can give (the first H100 call measured K-FAC at ~2× a bf16 LAMB step):
+- ``alignment``: batched BF16 matmuls of BERT-Large's preconditioning shapes with a bias-augmented size (1025, 4097)
+  against the same padded to a multiple of 8 (what ``kaisa_ds.precondition.grouped`` now does on a GPU);
+- ``fp16_exact``: which statistics are non-finite when the exact (unsampled) FP16 run drops its windows: every
+  Gram matrix the factor step computes is checked (input and output), and every K-FAC gradient;
+- ``profile``: torch.profiler's top operators (self device time) of one plain and one factor K-FAC step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from benchmarks.gpu.bert_cost import free, step_args
+from benchmarks.gpu.context import Context
+from benchmarks.harness.machine import machine
+from benchmarks.harness.timing import median, timed
+from benchmarks.step_cost.measure import StepCostRun
+
+ROWS = 25  # operators kept per profiled step
+
+
+def _bmm_seconds(a: torch.Tensor, b: torch.Tensor, cuda: bool, repeats: int = 5) -> float:
+    torch.bmm(a, b)
+    return median([timed(lambda: torch.bmm(a, b), cuda=cuda) for _ in range(repeats)])
+
+
+def alignment(ctx: Context) -> list[dict[str, Any]]:
+    """Seconds of ``(L, m, k) @ (L, k, n)`` BF16 products, unaligned and padded to a multiple of 8."""
+    layers, hidden, inter = (2, 16, 32) if ctx.smoke else (24, 1024, 4096)
+    cases = [("G-side, intermediate", (layers, inter, inter), hidden + 1),
+             ("A-side, intermediate", (layers, inter, hidden + 1), hidden + 1),
+             ("A-side, output", (layers, hidden, inter + 1), inter + 1)]
+    dtype = torch.float32 if ctx.smoke else torch.bfloat16
+    rows = []
+    for label, (n_layers, m, k), n in cases:
+        row: dict[str, Any] = {"case": label, "layers": n_layers}
+        for tag, (kk, nn) in {"unaligned": (k, n), "padded": (k + (-k % 8), n + (-n % 8))}.items():
+            a = torch.randn(n_layers, m, kk, device=ctx.device, dtype=dtype)
+            b = torch.randn(n_layers, kk, nn, device=ctx.device, dtype=dtype)
+            row[f"{tag}_shape"] = [n_layers, m, kk, nn]
+            row[f"{tag}_s"] = _bmm_seconds(a, b, ctx.device.type == "cuda")
+            del a, b
+        row["speedup"] = row["unaligned_s"] / row["padded_s"]
+        rows.append(row)
+    return rows
+
+
+def fp16_exact(ctx: Context, batch: int) -> dict[str, Any]:
+    """One exact FP16 factor step with every Gram matrix and K-FAC gradient checked for non-finite values."""
+    from kaisa_ds.factors import statistics
+
+    dtype = "bf16" if ctx.smoke else "fp16"
+    run = StepCostRun(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=1.0), ctx.device)
+    grams: list[dict[str, Any]] = []
+    original: Callable[[torch.Tensor], torch.Tensor] = statistics.gram
+
+    def checked(x: torch.Tensor) -> torch.Tensor:
+        out = original(x)
+        grams.append({"shape": list(x.shape), "dtype": str(x.dtype), "input_finite": bool(torch.isfinite(x).all()),
+                      "input_amax": float(x.float().abs().amax()), "output_finite": bool(torch.isfinite(out).all()),
+                      "output_amax": float(out.abs().amax())})
+        return out
+
+    statistics.gram = checked  # type: ignore[assignment]
+    try:
+        run.round(["factor"])
+    finally:
+        statistics.gram = original  # type: ignore[assignment]
+    bad_grads = [n for n, p in run.kfac.model.named_parameters() if p.grad is not None
+                 and not bool(torch.isfinite(p.grad).all())]
+    out = {"dtype": dtype, "batch": batch, "skipped_windows": run.kfac.skipped_windows, "grams": len(grams),
+           "nonfinite_inputs": [g for g in grams if not g["input_finite"]][:10],
+           "nonfinite_outputs": [g for g in grams if g["input_finite"] and not g["output_finite"]][:10],
+           "largest_outputs": sorted(grams, key=lambda g: -g["output_amax"])[:5],
+           "nonfinite_grads": bad_grads[:20]}
+    del run
+    free()
+    return out
+
+
+def profile(ctx: Context, batch: int) -> dict[str, Any]:
+    """Top operators by self device time (self CPU time on a CPU) of one plain and one factor K-FAC step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    run = StepCostRun(step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25), ctx.device)
+    kinds = ["decomposition", "factor", "plain"]
+    run.round(kinds)  # structure, first decompositions, allocations
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.device.type == "cuda" else [])
+    sort = "self_cuda_time_total" if ctx.device.type == "cuda" else "self_cpu_time_total"
+    out: dict[str, Any] = {}
+    for kind in ("plain", "factor"):
+        with torch_profile(activities=activities) as prof:
+            run.round([kind])
+        out[kind] = prof.key_averages().table(sort_by=sort, row_limit=ROWS, max_name_column_width=60)
+    del run
+    free()
+    return out
+
+
+def run(ctx: Context) -> dict[str, Any]:
+    batch = 2 if ctx.smoke else ctx.args.batches[0]
+    out: dict[str, Any] = {"machine": machine(), "ok": False}
+    for name, fn in (("alignment", lambda: alignment(ctx)), ("fp16_exact", lambda: fp16_exact(ctx, batch)),
+                     ("profile", lambda: profile(ctx, batch))):
+        if ctx.seconds_left() < 30:
+            out[name] = {"skipped": "call's time budget"}
+            continue
+        out[name] = fn()
+        ctx.write("diagnose", out)
+    out["ok"] = all("skipped" not in out[k] for k in ("alignment", "fp16_exact", "profile"))
+    ctx.write("diagnose", out)
+    print(out["alignment"], {k: v for k, v in out["fp16_exact"].items() if k != "largest_outputs"}, sep="\n")
+    return out
