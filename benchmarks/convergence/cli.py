@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "tuning seed (give more to compare candidates on several)")
     dflt.add_argument("--part", choices=["report", "tune"], default="report",
                       help="report: the final seeds (default); tune: the tuning seed and length, for choosing defaults")
+    dflt.add_argument("--chosen-from", type=Path, metavar="CHOSEN_JSON",
+                      help="the transfer case: LAMB's (and the tuned K-FAC's) settings from a chosen.json tuned on "
+                           "another text (e.g. benchmarks/results/convergence/small/chosen.json, WikiText-2), "
+                           "reported on --text's report part, into a --results folder of its own")
     dflt.add_argument("--set", dest="kfac_set", metavar="KEY=VALUE", nargs="+", default=[], type=defaults.kfac_setting,
                       help="kfac keys on top of {\"enabled\": true} (a candidate default; --part tune only)")
     shape = sub.choices["lamb-shape"]
@@ -190,8 +194,40 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     return chosen
 
 
+def load_transferred(regime: Regime, parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
+    """``--chosen-from``: a choice tuned on another text, refused when tuned at another scale or vocabulary, on
+    this very text (no transfer), or when this run would write into the folder it was tuned in; the transfer is
+    recorded in ``<results>/<regime>/transfer.json``."""
+    path: Path = args.chosen_from
+    if not args.text:
+        raise SystemExit("--chosen-from needs --text: the transfer case reports on another text family than the "
+                         f"regime's own ({', '.join(regime.texts)})")
+    if not path.is_file():
+        raise SystemExit(f"--chosen-from {path} does not exist (a chosen.json written by `python -m "
+                         "benchmarks.convergence tune`)")
+    out = args.results / regime.name
+    if path.resolve().parent == out.resolve():
+        raise SystemExit(f"--chosen-from {path} is this run's own results folder: give the transfer its own "
+                         "--results, so the records of the text it was tuned on stay as they are")
+    chosen: dict[str, Any] = json.loads(path.read_text())
+    check_scale(chosen, regime, path=path, quick_scale=args.quick, parts=None, vocab=args.vocab)
+    tuned_on = chosen.get("tuned_at", {}).get("sources_sha256")
+    if tuned_on == parts.source_sha256:
+        raise SystemExit(f"--chosen-from {path} was tuned on this very text ({', '.join(map(str, args.text or []))}"
+                         "): that is no transfer; drop --chosen-from, or give --text another text family")
+    write_json({"chosen_from": str(path), "tuned_sources_sha256": tuned_on or "not recorded in that chosen.json "
+                "(written before tuned_at existed): the regime's texts, " + ", ".join(regime.texts),
+                "report_sources_sha256":
+                parts.source_sha256, "report_texts": [str(t) for t in args.text or regime.texts],
+                "lamb": chosen["lamb"], "kfac": chosen["kfac"]}, out / "transfer.json")
+    return chosen
+
+
 def load_chosen(regime: Regime, parts: Parts, args: argparse.Namespace) -> dict[str, Any]:
-    """The regime's recorded tuning choice, refused when missing or tuned at another scale, text or vocabulary."""
+    """The regime's recorded tuning choice, refused when missing or tuned at another scale, text or vocabulary
+    (``--chosen-from``: :func:`load_transferred`)."""
+    if getattr(args, "chosen_from", None) is not None:
+        return load_transferred(regime, parts, args)
     chosen_path = args.results / regime.name / "chosen.json"
     if not chosen_path.is_file():
         raise SystemExit(f"{chosen_path} is missing: run `python -m benchmarks.convergence tune --regime "
@@ -267,6 +303,8 @@ def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
     if extra and args.part != "tune":
         raise SystemExit("--set: candidate defaults are tried on the tune part only (add --part tune); the report "
                          "part measures what the library ships")
+    if args.chosen_from is not None and args.part == "tune":
+        raise SystemExit("--chosen-from: the transfer case is reported on the report part; leave out --part tune")
     if args.part == "tune" and args.seeds is None:
         args.seeds = [TUNE_SEED]  # the tuning seed unless more are asked for
     return _variants(args, lambda **kw: defaults.defaults(part=args.part, extra=extra, **kw),

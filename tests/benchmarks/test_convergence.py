@@ -610,3 +610,41 @@ def test_same_day_at_the_tuned_lamb_shape_trains_both_optimizers_at_it_into_thei
                for _, _, cfg in ran)
     assert ran[1][2]["kfac"] == {"enabled": True}
     assert result["lamb_shape"] == {"weight_decay": 0.1} and (out / "defaults_same_day_lamb_shape.json").is_file()
+
+
+@REAL_DATA
+def test_transfer_case_refuses_what_is_not_a_transfer(tmp_path: Path) -> None:
+    """``defaults --chosen-from``: a choice tuned on another text family is the transfer case; the same text, the
+    tune part, a missing file or the choice's own results folder are refused before anything trains."""
+    from benchmarks.convergence import cli
+
+    args = cli.build_parser().parse_args(["defaults", "--regime", "small", *_common(tmp_path)])
+    cli.resolve_folders(args)
+    regime = cli.regime_of("small", args)
+    wiki = cli.parts_of(args, regime)  # the small regime's own text: WikiText-2
+    tuned_at = scale_of(regime, quick_scale=True, parts=wiki, vocab=DEFAULT_VOCAB)
+    chosen = {"tuned_at": tuned_at, "lamb": {"lr": 0.01, "warmup": 0.1},
+              "kfac": {"lr": 0.015, "warmup": 0.1, "damping": 0.01, "factor_every": 1, "inv_every": 2}}
+    tuned_dir = tmp_path / "tuned_on_wikitext" / "small"
+    tuned_dir.mkdir(parents=True)
+    (tuned_dir / "chosen.json").write_text(json.dumps(chosen))
+    transfer = ["defaults", "--regime", "small", "--chosen-from", str(tuned_dir / "chosen.json"), *_common(tmp_path)]
+    with pytest.raises(SystemExit, match="needs --text"):
+        main(transfer)  # the regime's own text
+    with pytest.raises(SystemExit, match="tuned on this very text"):
+        main([*transfer, "--text", str(DEFAULT_TEXT)])  # WikiText again: no transfer
+    with pytest.raises(SystemExit, match="leave out --part tune"):
+        main([*transfer, "--part", "tune", "--text", str(SQUAD)])
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["defaults", "--regime", "small", "--chosen-from", str(tmp_path / "none.json"), "--text", str(SQUAD),
+              *_common(tmp_path)])
+    with pytest.raises(SystemExit, match="own results folder"):
+        main(["defaults", "--regime", "small", "--chosen-from", str(tuned_dir / "chosen.json"), "--text",
+              str(SQUAD), "--quick", "--work", str(tmp_path / "work"), "--results", str(tuned_dir.parent)])
+    # the SQuAD contexts are another family: accepted and recorded (the runs themselves are the slow test's)
+    squad_args = cli.build_parser().parse_args([*transfer, "--text", str(SQUAD)])
+    cli.resolve_folders(squad_args)
+    got = cli.load_chosen(regime, cli.parts_of(squad_args, regime), squad_args)
+    record = json.loads((tmp_path / "results" / "small" / "transfer.json").read_text())
+    assert got["lamb"] == chosen["lamb"] and record["tuned_sources_sha256"] == wiki.source_sha256
+    assert record["report_sources_sha256"] != wiki.source_sha256 and record["report_texts"] == [str(SQUAD)]
