@@ -5,7 +5,7 @@
 KL clip, factor decay), at the learning rate and warmup LAMB's tuning chose, on the report part, with the final
 runs' seeds; the final LAMB and tuned-K-FAC records are reused. Figures per seed, as the ablation reports them:
 final loss, steps and training seconds to LAMB's *final* and to LAMB's *best* held-out loss, as fractions of LAMB's
-run. Records: ``<results>/<regime>/defaults/*.json`` and ``defaults.json``.
+run. Records: ``<results>/<regime>/defaults/*.json``, ``defaults.json`` and the curves in ``defaults.png``.
 
 Choosing new defaults happens on the tune part only: ``--part tune --set KEY=VALUE ...`` trains the section
 ``{"enabled": true, KEY: VALUE, ...}`` at the tuning length, with the tuning seed (or ``--seeds``), beside LAMB's
@@ -23,6 +23,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.convergence.ablation import seed_rows, summarise
+from benchmarks.convergence.plots import plot_curves
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
 from benchmarks.convergence.runner import RunSpec, final_spec, run, tune_spec
 
@@ -69,6 +70,10 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
               "final_kfac": dict(regime.final_kfac), "defaults_kfac_section": {"enabled": True, **extra},
               "defaults_lr": lamb["lr"], "defaults_warmup": lamb["warmup"], "rows": rows,
               "summary": summarise(rows), "machine": info}
+    if not tune:
+        labels = {"lamb": "LAMB (tuned lr, warmup)", "tuned": "K-FAC tuned", "defaults": "K-FAC defaults"}
+        plot_curves({labels[n]: records[n] for n in names}, out=out / "defaults.png", ylabel="held-out MLM loss",
+                    title=f"{regime.name} regime, report part: LAMB, tuned K-FAC and K-FAC's defaults; seeds {seeds}")
     written = out / ("defaults_tune.json" if tune else "defaults.json")
     if tune:  # one file for every candidate tried on the tune part
         earlier = json.loads(written.read_text()) if written.is_file() else {}

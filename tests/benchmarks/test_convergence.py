@@ -231,6 +231,7 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert record["curve"]["values"] and {r["variant"] for r in dflt["rows"]} == {"tuned", "defaults"}
     assert set(json.loads((tmp_path / "results" / "small" / "defaults.json").read_text())["summary"]) == {
         "tuned", "defaults"}
+    assert (tmp_path / "results" / "small" / "defaults.png").stat().st_size > 10_000
     # a candidate default is tried on the tune part only, beside LAMB's tuning run, never on the report part
     with pytest.raises(SystemExit, match="--part tune"):
         main(["defaults", "--regime", "small", "--set", "factor_update_steps=2", *_common(tmp_path)])
