@@ -185,8 +185,12 @@ class KFACPreconditioner:
 
     # ------------------------------------------------------------------ step
     def step(self) -> None:
-        """Commit statistics, refresh decompositions, precondition and KL-clip the gradients."""
-        outcome = run_step(self)
+        """Commit statistics, refresh decompositions, precondition and KL-clip the gradients. Always in the
+        configured dtypes: a loop's ``torch.autocast`` around this call would turn the step's matmuls to half
+        precision."""
+        device = next(self.model.parameters()).device.type
+        with torch.autocast(device, enabled=False):
+            outcome = run_step(self)
         if outcome is not None:
             self._apply(outcome)
 
