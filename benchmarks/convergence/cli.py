@@ -213,12 +213,11 @@ def load_transferred(regime: Regime, parts: Parts, args: argparse.Namespace) -> 
     check_scale(chosen, regime, path=path, quick_scale=args.quick, parts=None, vocab=args.vocab)
     tuned_on = chosen.get("tuned_at", {}).get("sources_sha256")
     if tuned_on == parts.source_sha256:
-        raise SystemExit(f"--chosen-from {path} was tuned on this very text ({', '.join(map(str, args.text or []))}"
-                         "): that is no transfer; drop --chosen-from, or give --text another text family")
-    write_json({"chosen_from": str(path), "tuned_sources_sha256": tuned_on or "not recorded in that chosen.json "
-                "(written before tuned_at existed): the regime's texts, " + ", ".join(regime.texts),
-                "report_sources_sha256":
-                parts.source_sha256, "report_texts": [str(t) for t in args.text or regime.texts],
+        raise SystemExit(f"--chosen-from {path} was tuned on this very text ({', '.join(map(str, args.text))}): "
+                         "that is no transfer; drop --chosen-from, or give --text another text family")
+    unrecorded = "not recorded in that chosen.json (written before tuned_at existed): the regime's texts, "
+    write_json({"chosen_from": str(path), "tuned_sources_sha256": tuned_on or unrecorded + ", ".join(regime.texts),
+                "report_sources_sha256": parts.source_sha256, "report_texts": [str(t) for t in args.text],
                 "lamb": chosen["lamb"], "kfac": chosen["kfac"]}, out / "transfer.json")
     return chosen
 

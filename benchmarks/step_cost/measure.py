@@ -22,9 +22,9 @@ from benchmarks.harness.timing import median
 from benchmarks.step_cost.calibration import calibration, decomposition_times
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 
+logger = logging.getLogger(__name__)
 # K-FAC stages of precond.timings that run inside precond.step() (factor capture runs inside forward/backward)
 STEP_STAGES = ("factor_reduction", "decomposition", "preconditioning", "gradient_broadcast", "kl_clip", "write_grads")
-logger = logging.getLogger(__name__)
 COMPONENTS = ("hook_extra", *STEP_STAGES, "step_untimed")  # what the amortised K-FAC time is made of
 
 
