@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="step_cost: micro-batches to probe, the largest that fits is used")
     p.add_argument("--sample-fractions", type=float, nargs="+", help="step_cost: token-sampling fractions, in this "
                    "order (default: 1, then the phase-1 config's; put the lever first when the budget is short)")
+    p.add_argument("--pass-fractions", type=float, nargs="+", default=[1.0], help="step_cost: factor_pass_fraction "
+                   "values (a lever only with --job-gpus: passes per step > 1)")
+    p.add_argument("--compute-methods", nargs="+", default=["eigen"], choices=["eigen", "inverse"],
+                   help="step_cost: K-FAC compute_method values")
+    p.add_argument("--job-gpus", type=int, help="step_cost: time one GPU's optimizer step of a phase-1 job on this "
+                   "many GPUs (the config's train_batch_size / (GPUs x micro-batch) accumulated passes); default: "
+                   "one micro-batch per step")
     p.add_argument("--repeats", type=int, default=3, help="step_cost and eigh: measured rounds (median reported)")
     p.add_argument("--step-seconds", type=float, nargs="*", help="eigh: LAMB step seconds to size the interval by "
                    "(default: this --out's gpu_step_cost.json)")

@@ -25,13 +25,16 @@ def pretraining_loss(model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor
     return PretrainingLoss(model)(batch)  # type: ignore[no-any-return]
 
 
-def fwd_bwd(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, autocast: torch.dtype | None = None) -> None:
-    """One training forward+backward from fresh gradients (so every copy of a model preconditions the same ones),
-    under autocast to ``autocast`` when given."""
+def fwd_bwd(model: torch.nn.Module, batch: dict[str, torch.Tensor], *, autocast: torch.dtype | None = None,
+            passes: int = 1) -> None:
+    """One training step's forward+backward from fresh gradients (so every copy of a model preconditions the same
+    ones): ``passes`` accumulated passes over ``batch`` (gradient accumulation, each loss divided by ``passes`` as
+    DeepSpeed does), under autocast to ``autocast`` when given."""
     model.zero_grad(set_to_none=True)
-    if autocast is None:
-        loss = pretraining_loss(model, batch)
-    else:
-        with torch.autocast(next(iter(batch.values())).device.type, dtype=autocast):
+    for _ in range(passes):
+        if autocast is None:
             loss = pretraining_loss(model, batch)
-    loss.backward()
+        else:
+            with torch.autocast(next(iter(batch.values())).device.type, dtype=autocast):
+                loss = pretraining_loss(model, batch)
+        (loss / passes if passes > 1 else loss).backward()

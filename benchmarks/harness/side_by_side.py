@@ -69,19 +69,22 @@ class SideBySide:
     """A baseline model and one copy per runner, sharing one batch; times each kind of step for each runner.
 
     ``optimizer`` (of the baseline model): its step is timed after each baseline forward+backward, then the
-    baseline's weights are put back to the runner's, so that both models always compute the same thing."""
+    baseline's weights are put back to the runner's, so that both models always compute the same thing.
+    ``passes``: forward+backward passes per step (gradient accumulation); the runners' K-FAC must be told the same
+    count (``accumulation_steps``) for pass sampling."""
 
     def __init__(self, *, base: torch.nn.Module, batch: dict[str, torch.Tensor], runners: Sequence[Runner],
                  interval: Interval, device: torch.device, autocast: torch.dtype | None = None,
-                 optimizer: torch.optim.Optimizer | None = None) -> None:
+                 optimizer: torch.optim.Optimizer | None = None, passes: int = 1) -> None:
         self.base, self.batch, self.runners, self.interval = base, batch, list(runners), interval
+        self.passes = passes  # accumulated forward+backward passes per step (gradient accumulation)
         self.device = device
         self.cuda = device.type == "cuda"
         self.autocast = autocast
         self.optimizer = optimizer
 
     def fwd_bwd(self, model: torch.nn.Module) -> None:
-        fwd_bwd(model, self.batch, autocast=self.autocast)
+        fwd_bwd(model, self.batch, autocast=self.autocast, passes=self.passes)
 
     @torch.no_grad()
     def _resync_baseline(self, model: torch.nn.Module) -> None:

@@ -49,6 +49,6 @@ def calibration(res: dict[str, Any], args: argparse.Namespace, device: torch.dev
     return {"gemm_gflops": gemm_gflops(device, args.dtype, rows=args.batch * args.seq, n=hidden),
             "eigh_seconds": {str(d["size"]): d["eigh_fp32_s"] for d in res["decompositions"]},
             "inverse_seconds": {str(d["size"]): d["inverse_fp32_s"] for d in res["decompositions"]},
-            "baseline_step_s": res["baseline"]["step_s"],
+            "baseline_step_s": res["baseline"]["step_s"], "passes": args.accumulation,
             "settings": {"model": args.size, "micro_batch": args.batch, "seq": args.seq},
             "device": str(device), "dtype": args.dtype}

@@ -19,6 +19,7 @@ object, which ``python -m kaisa_ds.plan --calibration FILE`` reads to predict th
     python -m benchmarks.step_cost --threads 1              # the same on a busy shared CPU (see README.md)
     python -m benchmarks.step_cost --size tiny --batch 8 --seq 64 --repeats 2 --decomp-sizes 256
     python -m benchmarks.step_cost --size large --dtype bf16 --decomp-sizes 256 1024 4096   # on a GPU
+    python -m benchmarks.step_cost --accumulation 8 --pass-fraction 0.25   # steps of 8 accumulated passes
 """
 
 from __future__ import annotations
@@ -42,11 +43,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--factor-dtype", default=None, choices=list(DTYPE_NAMES), help="factor storage dtype")
     p.add_argument("--compute-method", type=ComputeMethod, default=ComputeMethod.EIGEN,
                    choices=[m.value for m in ComputeMethod], help="K-FAC compute_method")
+    p.add_argument("--accumulation", type=int, default=1, help="forward+backward passes per optimizer step "
+                   "(gradient accumulation; DeepSpeed's gradient_accumulation_steps); both models run them all")
+    p.add_argument("--pass-fraction", type=float, default=1.0, help="K-FAC factor_pass_fraction: share of a factor "
+                   "step's passes whose statistics feed the factors (needs --accumulation > 1 to matter)")
     p.add_argument("--decomp-sizes", type=int, nargs="*", default=[256, 1024, 4096],
                    help="factor sizes for the eigh/inverse timings (none: skip)")
     p.add_argument("--decomp-repeats", type=int, default=3, help="repeats per size (1 for sizes > 2048 on CPU)")
     args = p.parse_args(argv)
     check_side_by_side_flags(p, args)
+    if args.accumulation < 1 or not 0.0 < args.pass_fraction <= 1.0:
+        p.error("--accumulation must be >= 1 and --pass-fraction in (0, 1]")
     if args.dtype == "fp16" and not args.device.startswith("cuda"):
         p.error("--dtype fp16 needs a GPU (fp16 autocast without a loss scaler is no CPU training setting); "
                 "use --dtype bf16 on a CPU")

@@ -49,7 +49,9 @@ def build_optimizer(model: torch.nn.Module, *, lr: float) -> tuple[torch.optim.O
 
 
 class StepCostRun:
-    """A baseline BERT with its optimizer and an identical copy with kaisa_ds's K-FAC, sharing one batch."""
+    """A baseline BERT with its optimizer and an identical copy with kaisa_ds's K-FAC, sharing one batch; a step is
+    ``args.accumulation`` forward+backward passes (gradient accumulation), of which K-FAC's factor steps feed
+    ``args.pass_fraction`` to the statistics."""
 
     def __init__(self, args: argparse.Namespace, device: torch.device) -> None:
         from kaisa_ds import KFACPreconditioner
@@ -63,10 +65,11 @@ class StepCostRun:
             kmodel, factor_update_steps=args.factor_every, inv_update_steps=args.inv_every, damping=0.001,
             kl_clip=0.001, lr=args.lr, skip_layers=KAISA_SKIP, factor_dtype=args.factor_dtype,
             factor_sample_fraction=args.sample_fraction, compute_method=args.compute_method,
-            inv_dtype=args.inv_dtype)
+            inv_dtype=args.inv_dtype, accumulation_steps=args.accumulation, factor_pass_fraction=args.pass_fraction)
         self.runner = KaisaRunner(self.kfac, cuda=device.type == "cuda")
         self.side_by_side = SideBySide(base=base, batch=batch, runners=[self.runner], interval=self.interval,
-                                       device=device, autocast=autocast_dtype(args.dtype), optimizer=self.opt)
+                                       device=device, autocast=autocast_dtype(args.dtype), optimizer=self.opt,
+                                       passes=args.accumulation)
 
     def round(self, kinds: list[str]) -> dict[str, dict[str, float]]:
         """One measurement of every kind of step, each next to a baseline forward+backward and optimizer step:
@@ -92,10 +95,12 @@ def summarise(rounds: list[dict[str, dict[str, float]]], agg: Any) -> tuple[dict
     return baseline, out
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def measure(args: argparse.Namespace, *, run: StepCostRun | None = None) -> dict[str, Any]:
+    """Every figure of one configuration; ``run``: models already built with ``args`` (the caller keeps them to
+    read the K-FAC structure afterwards)."""
     device = torch.device(args.device)
     info = machine()
-    run = StepCostRun(args, device)
+    run = run if run is not None else StepCostRun(args, device)
     kinds = list(run.interval.counts())
     for _ in range(args.warmup):  # allocations, optimizer state, K-FAC structure and first decompositions
         run.round(kinds)

@@ -145,16 +145,18 @@ def check_method_rates(args: argparse.Namespace, config: KFACConfig) -> None:
 
 
 def calibrated_step(cal: dict[str, Any] | None, *, model: str, micro: int, seq: int, passes: int) -> float | None:
-    """The calibration's measured baseline step when it was measured at this run's settings (benchmarks.step_cost
-    times one pass), else None, saying why: the overhead's baseline is then estimated from the model's FLOPs."""
+    """The calibration's measured baseline step when it was measured at this run's settings and passes per step
+    (benchmarks.step_cost's ``--accumulation``), else None, saying why: the overhead's baseline is then estimated
+    from the model's FLOPs."""
     if not cal or cal.get("baseline_step_s") is None:
         return None
     ours = {"model": model, "micro_batch": micro, "seq": seq}
-    if cal.get("settings", {}) == ours and passes == 1:
+    measured_passes = int(cal.get("passes", 1))
+    if cal.get("settings", {}) == ours and passes == measured_passes:
         return float(cal["baseline_step_s"])
-    logger.warning("--calibration: its baseline step was measured at %s with 1 pass, this plan is %s with %d "
+    logger.warning("--calibration: its baseline step was measured at %s with %d pass(es), this plan is %s with %d "
                    "pass(es); the baseline is estimated from the model's FLOPs instead (give --step-seconds for a "
-                   "measured one)", cal.get("settings"), ours, passes)
+                   "measured one)", cal.get("settings"), measured_passes, ours, passes)
     return None
 
 

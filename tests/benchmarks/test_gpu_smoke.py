@@ -53,6 +53,29 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None:
+    """--job-gpus makes a step one GPU's accumulated passes; every lever combination is one run, with the
+    decompositions' split over the job's GPUs."""
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        code = main(["--cpu-smoke", "--part", "step_cost", "--out", str(out), "--job-gpus", "4",
+                     "--pass-fractions", "0.5", "--compute-methods", "eigen", "inverse", "--sample-fractions", "0.5"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    cost = json.loads((out / "gpu_step_cost.json").read_text())
+    assert cost["accumulation"] == 2 and cost["job_gpus"] == 4
+    assert [(r["method"], r["pass_fraction"]) for r in cost["runs"]] == [("eigen", 0.5), ("inverse", 0.5)]
+    for run in cost["runs"]:
+        settings = run["step_cost"]["settings"]
+        assert settings["accumulation"] == 2 and settings["pass_fraction"] == 0.5
+        assert settings["compute_method"] == run["method"]
+        split = run["decomposition_split"]
+        assert 0.25 <= split["busiest_share"] < 1  # 4 GPUs share the factors: none does all, none less than 1/4
+        assert split["overhead_split"] < run["overhead"]
+
+
 def test_without_cuda_the_suite_refuses_at_once() -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu", "--part", "eigh"], cwd=REPO_ROOT, env=CPU_ENV,
                           capture_output=True, text=True, timeout=120)

@@ -77,3 +77,32 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
                       "--calibration", str(out), "--factor-update-steps", "2", "--inv-update-steps", "4"])
     assert plan["overhead"]["baseline_step_seconds"] == base["step_s"]  # the measured step: same model and batch
     assert plan["overhead"]["amortised_seconds"] > 0
+
+
+def test_a_step_times_every_accumulated_pass_and_k_fac_samples_the_passes() -> None:
+    """--accumulation runs every pass on both models; --pass-fraction reaches K-FAC's pass sampler."""
+    from argparse import Namespace
+
+    from benchmarks.step_cost.measure import StepCostRun
+    from kaisa_ds.enums import ComputeMethod
+
+    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
+                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.EIGEN, inv_dtype="fp32",
+                     dtype="fp32", accumulation=3, pass_fraction=0.34)
+    run = StepCostRun(args, torch.device("cpu"))
+    forwards = {"base": 0, "kfac": 0}
+    for key, model in (("base", run.side_by_side.base), ("kfac", run.kfac.model)):
+        query = next(m for n, m in model.named_modules() if n.endswith("layer.0.attention.self.query"))
+        query.register_forward_hook(lambda *_, key=key: forwards.__setitem__(key, forwards[key] + 1))
+    sampler, decided = run.kfac.pass_sampler, set()
+    keeps = sampler.keeps
+
+    def recording(*, step: int, pass_index: int) -> bool:
+        kept = keeps(step=step, pass_index=pass_index)
+        decided.add((pass_index, kept))
+        return kept
+
+    sampler.keeps = recording  # type: ignore[method-assign]
+    run.round(["factor"])
+    assert forwards == {"base": 3, "kfac": 3}
+    assert {i for i, _ in decided} == {0, 1, 2} and len({i for i, kept in decided if kept}) == 2

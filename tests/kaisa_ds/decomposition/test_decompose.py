@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kaisa_ds.decomposition.decompose import decompose
+from kaisa_ds.decomposition.decompose import decompose, decompose_all, spd_inverse
 from kaisa_ds.enums import ComputeMethod
 
 
@@ -42,3 +42,20 @@ def test_non_finite_factor_returns_none() -> None:
     f[0, 0] = float("nan")
     assert decompose(f, method=ComputeMethod.EIGEN, diagonal=False, damping=0.1, compute_dtype=torch.float32,
                      out_dtype=torch.float32) is None
+
+
+def test_batched_inverse_is_symmetric_and_inverts_each_damped_factor() -> None:
+    factors = {f"f{i}": (_spd(16) * (i + 1), False) for i in range(3)}
+    decs = decompose_all(factors, method=ComputeMethod.INVERSE, damping=1e-3, compute_dtype=torch.float32,
+                         out_dtype=torch.float32)
+    for name, (f, _) in factors.items():
+        inv = decs[name]
+        assert inv is not None and inv.inverse is not None
+        assert torch.equal(inv.inverse, inv.inverse.t())  # Cholesky's inverse is exactly symmetric
+        torch.testing.assert_close(inv.inverse @ (f + 1e-3 * torch.eye(16)), torch.eye(16), rtol=0, atol=1e-3)
+
+
+def test_a_damped_factor_that_is_not_positive_definite_still_gets_its_inverse() -> None:
+    m = torch.diag(torch.tensor([2.0, 1.0, -0.5]))  # invertible, not positive definite: Cholesky fails
+    m = torch.stack([m, torch.eye(3)])  # one bad matrix in a batch falls the whole batch back to LU
+    torch.testing.assert_close(spd_inverse(m), torch.linalg.inv(m))

@@ -143,3 +143,16 @@ def test_a_calibrated_step_of_other_settings_is_not_the_baseline(tmp_path: Path,
     o = json.loads(capsys.readouterr().out)["overhead"]
     assert o["baseline_step_seconds"] != 0.5 and o["baseline_source"].startswith("estimated")
     assert "--step-seconds" in caplog.text
+
+
+def test_a_calibrated_step_of_accumulated_passes_is_the_baseline_at_those_passes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cal = tmp_path / "step_cost.json"
+    cal.write_text(json.dumps({"calibration": {"gemm_gflops": 50, "eigh_seconds": {"128": 0.001},
+                                               "baseline_step_s": 2.0, "passes": 4,
+                                               "settings": {"model": "tiny", "micro_batch": 8, "seq": 128}}}))
+    flags = ["--model", "tiny", "--world", "2", "--micro-batch", "8", "--calibration", str(cal), "--json"]
+    main([*flags, "--passes", "4"])  # step_cost --accumulation 4 timed steps of four passes
+    assert json.loads(capsys.readouterr().out)["overhead"]["baseline_step_seconds"] == 2.0
+    main(flags)
+    assert json.loads(capsys.readouterr().out)["overhead"]["baseline_step_seconds"] != 2.0
