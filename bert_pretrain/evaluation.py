@@ -9,7 +9,7 @@ import torch
 
 from bert_pretrain.data.examples import IGNORE
 from bert_pretrain.data.loader import to_device
-from bert_pretrain.model import STATS, PretrainingLoss
+from bert_pretrain.model import STATS, MaskedLMLoss, PretrainingLoss
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +21,10 @@ def most_frequent_target(train_set: Any, *, sample: int = 20_000) -> int:
     return int(torch.bincount(ids[ids != IGNORE]).argmax())
 
 
-def evaluate(module: PretrainingLoss, heldout: Any, *, device: torch.device, examples: int, micro_batch: int,
-             rank: int, world: int, baseline_token: int) -> dict[str, float]:
-    """Metrics over the first ``examples`` held-out examples (each rank takes every ``world``-th one)."""
-    from deepspeed import comm as dist
-
+def evaluate(module: PretrainingLoss | MaskedLMLoss, heldout: Any, *, device: torch.device, examples: int,
+             micro_batch: int, rank: int = 0, world: int = 1, baseline_token: int = IGNORE) -> dict[str, float]:
+    """Metrics over the first ``examples`` held-out examples (each rank takes every ``world``-th one; summed over
+    the ranks with DeepSpeed's comm when ``world`` > 1). NSP metrics only from a model with NSP."""
     mine = list(range(rank, min(examples, len(heldout)), world))
     totals = torch.zeros(len(STATS) + 1, dtype=torch.float64, device=device)
     was_training = module.training
@@ -41,11 +40,16 @@ def evaluate(module: PretrainingLoss, heldout: Any, *, device: torch.device, exa
             targets = batch["masked_lm_ids"]
             totals += torch.cat([stats, (targets == baseline_token).sum().double().reshape(1)])
     module.train(was_training)
-    dist.all_reduce(totals)
+    if world > 1:
+        from deepspeed import comm as dist
+
+        dist.all_reduce(totals)
     mlm_count, nsp_count = float(totals[4]), float(totals[6])
     if mlm_count == 0:
         logger.warning("no held-out examples to evaluate (--eval-examples %d, %d held out)", examples, len(heldout))
         return {}
-    return {"heldout_mlm_loss": float(totals[1]) / mlm_count, "heldout_mlm_accuracy": float(totals[3]) / mlm_count,
-            "heldout_nsp_loss": float(totals[0]) / nsp_count, "heldout_nsp_accuracy": float(totals[5]) / nsp_count,
-            "heldout_mlm_baseline_accuracy": float(totals[7]) / mlm_count}
+    metrics = {"heldout_mlm_loss": float(totals[1]) / mlm_count, "heldout_mlm_accuracy": float(totals[3]) / mlm_count,
+               "heldout_mlm_baseline_accuracy": float(totals[7]) / mlm_count}
+    if nsp_count:
+        metrics.update(heldout_nsp_loss=float(totals[0]) / nsp_count, heldout_nsp_accuracy=float(totals[5]) / nsp_count)
+    return metrics

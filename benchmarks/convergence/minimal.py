@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 from tqdm import tqdm
 
 from benchmarks.convergence.ablation import seed_rows, summarise
@@ -47,10 +46,10 @@ from bert_pretrain.data.examples import IGNORE, ExampleSettings, Specials, mask_
 from bert_pretrain.data.loader import MicroBatches, load_split, to_device
 from bert_pretrain.data.prepare import prepare_phase
 from bert_pretrain.data.tokenizer import load_tokenizer
-from bert_pretrain.model import masked_lm_loss
+from bert_pretrain.evaluation import evaluate
+from bert_pretrain.model import MaskedLMLoss, build_model
 from kaisa_ds.engine.ds_config import parse_kfac_section, poly_warmup_from_config
 from kaisa_ds.optim.select import lamb_from_ds_config
-from kaisa_ds.plan.bert_sizes import SIZES
 from kaisa_ds.preconditioner import KFACPreconditioner
 
 logger = logging.getLogger(__name__)
@@ -60,27 +59,6 @@ LOOP = "minimal: one process, no DeepSpeed, no NSP, contiguous blocks masked afr
 EXAMPLES = {"blocks": LOOP, "pipeline": "minimal: one process, no DeepSpeed, no NSP, the pipeline's prepared "
                                         "examples (sentence pairs, fixed maskings)"}
 STEMS = {"blocks": "minimal", "pipeline": "minimal_pipeline_examples"}  # record folder and summary/plot names
-
-
-class MaskedLM(nn.Module):
-    """A BERT encoder and its MLM head (HF ``BertForMaskedLM``: no pooler, no NSP head); ``module(batch)`` → the
-    MLM loss of the pipeline (:func:`~bert_pretrain.model.masked_lm_loss`)."""
-
-    def __init__(self, size: str, *, vocab_size: int) -> None:
-        from transformers import BertConfig, BertForMaskedLM
-
-        super().__init__()
-        hidden, layers, heads, inter = SIZES[size]
-        self.bert_model = BertForMaskedLM(BertConfig(vocab_size=vocab_size, hidden_size=hidden,
-                                                     num_hidden_layers=layers, num_attention_heads=heads,
-                                                     intermediate_size=inter))
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean MLM loss, number of masked tokens)."""
-        out = self.bert_model.bert(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                                   attention_mask=batch["attention_mask"])
-        loss, _, targets = masked_lm_loss(out.last_hidden_state, self.bert_model.cls.predictions, batch)
-        return loss, (targets != IGNORE).sum()
 
 
 def token_blocks(text: Path, tok: Any, *, seq: int) -> torch.Tensor:
@@ -156,18 +134,10 @@ class PreparedBatches:
         return batch
 
 
-def heldout_mlm(module: MaskedLM, examples: Any, *, count: int, micro_batch: int) -> float:
-    """Mean MLM loss over the first ``count`` prepared held-out examples (as the pipeline's evaluation sums them)."""
-    total, tokens = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
-    module.eval()
-    with torch.no_grad():
-        for start in range(0, min(count, len(examples)), micro_batch):
-            batch = examples[start:min(start + micro_batch, count)]
-            loss, n = module(batch)
-            total += loss.double() * n
-            tokens += n
-    module.train()
-    return float(total / tokens)
+def heldout_mlm(module: MaskedLMLoss, examples: Any, *, count: int, micro_batch: int) -> float:
+    """Mean MLM loss over the first ``count`` prepared held-out examples: the pipeline's own evaluation, one process."""
+    metrics = evaluate(module, examples, device=torch.device("cpu"), examples=count, micro_batch=micro_batch)
+    return metrics["heldout_mlm_loss"]
 
 
 def report_examples(regime: Regime, parts: Parts, *, vocab: Path, cache: Path) -> Any:
@@ -195,7 +165,7 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
                                max_predictions=regime.max_predictions, specials=Specials.of(tok), seed=spec.seed)
     heldout = report_examples(regime, parts, vocab=vocab, cache=cache)
     torch.manual_seed(spec.seed)
-    module = MaskedLM(regime.model_size, vocab_size=len(tok)).train()
+    module = MaskedLMLoss(build_model(regime.model_size, vocab_size=len(tok), mlm_only=True)).train()
     optimizer, impl = lamb_from_ds_config(cfg["optimizer"], module)
     scheduler = poly_warmup_from_config(cfg["lr_schedule"])(optimizer)
     passes = regime.gas * regime.ranks  # micro-batches averaged into one step, as DeepSpeed averages them
@@ -213,7 +183,7 @@ def train(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, cache: Pa
     for step in tqdm(range(1, spec.steps + 1), desc=f"minimal {spec.name}", unit="step"):
         start = time.perf_counter()
         for _ in range(passes):
-            loss, _ = module(batches.next())
+            loss = module(batches.next())
             (loss / passes).backward()
             window += loss.detach() / passes
         if kfac is not None:

@@ -10,7 +10,8 @@ import torch
 
 from bert_pretrain.data.documents import DataError
 from bert_pretrain.data.examples import IGNORE
-from bert_pretrain.model import STATS, PretrainingLoss, build_model, check_positions
+from bert_pretrain.evaluation import evaluate
+from bert_pretrain.model import STATS, MaskedLMLoss, PretrainingLoss, build_model, check_positions
 
 
 def _batch(vocab: int, *, seq: int = 24, preds: int = 5, n: int = 4) -> dict[str, torch.Tensor]:
@@ -48,6 +49,50 @@ def test_gathered_loss_equals_hf_full_sequence_loss() -> None:
     assert stats["loss"] == pytest.approx(stats["mlm_loss"] + stats["nsp_loss"], abs=1e-5)
     mlm_logits = reference.prediction_logits[rows[valid], batch["masked_lm_positions"][valid]]
     assert stats["mlm_correct"] == int((mlm_logits.argmax(-1) == batch["masked_lm_ids"][valid]).sum())
+
+
+def test_mlm_only_model_is_the_pretraining_model_without_nsp() -> None:
+    """build_model(mlm_only=True) + MaskedLMLoss (the minimal loop's model) computes the pipeline's MLM loss with the
+    same weights, and has no pooler or NSP head for K-FAC to precondition."""
+    torch.manual_seed(0)
+    full = build_model("tiny", vocab_size=300).eval()
+    mlm_only = build_model("tiny", vocab_size=300, mlm_only=True).eval()
+    mlm_only.load_state_dict(full.state_dict(), strict=False)
+    names = {n for n, _ in mlm_only.named_modules()}
+    assert not any("pooler" in n or "seq_relationship" in n for n in names)
+    batch = _batch(300)
+    with torch.no_grad():
+        both, alone = PretrainingLoss(full), MaskedLMLoss(mlm_only)
+        both(batch)
+        loss = alone(batch)
+    assert both.last is not None and alone.last is not None
+    ours, theirs = dict(zip(STATS, alone.last.tolist())), dict(zip(STATS, both.last.tolist()))
+    assert loss.item() == pytest.approx(theirs["mlm_loss"], abs=1e-6) and ours["loss"] == ours["mlm_loss"]
+    assert (ours["mlm_correct"], ours["mlm_count"]) == (theirs["mlm_correct"], theirs["mlm_count"])
+    assert ours["nsp_count"] == ours["nsp_loss"] == 0
+
+
+def test_single_process_evaluation_sums_every_example_and_reports_nsp_only_with_it() -> None:
+    torch.manual_seed(0)
+    module = MaskedLMLoss(build_model("tiny", vocab_size=300, mlm_only=True))
+    batch = _batch(300)
+    held = [{k: v[i:i + 1] for k, v in batch.items()} for i in range(4)]
+
+    class Rows:  # a prepared split's slicing: rows[list] -> one batch
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+            return {k: torch.cat([held[i][k] for i in idx]) for k in batch}
+
+    metrics = evaluate(module, Rows(), device=torch.device("cpu"), examples=4, micro_batch=3)
+    with torch.no_grad():
+        whole = module.eval()(batch).item()
+    assert metrics["heldout_mlm_loss"] == pytest.approx(whole, rel=1e-5)  # token-weighted over uneven batches
+    assert "heldout_nsp_loss" not in metrics
+    with_nsp = evaluate(PretrainingLoss(build_model("tiny", vocab_size=300)), Rows(), device=torch.device("cpu"),
+                        examples=4, micro_batch=3)
+    assert 0 <= with_nsp["heldout_nsp_accuracy"] <= 1
 
 
 def test_gradients_reach_the_tied_decoder_and_nsp_head() -> None:
