@@ -5,7 +5,11 @@ Three findings a short device call can give (the first H100 call measured K-FAC 
   against the same padded to a multiple of 8 (what ``kaisa_ds.precondition.grouped`` now does on a GPU);
 - ``fp16_exact``: which statistics are non-finite when the exact (unsampled) FP16 run drops its windows: every
   Gram matrix the factor step computes is checked (input and output), and every K-FAC gradient;
-- ``profile``: torch.profiler's top operators (self device time) of one plain and one factor K-FAC step.
+- ``profile``: torch.profiler's top operators (self device time) of one plain and one factor K-FAC step;
+- ``effectiveness``: per layer, the cosine between the preconditioned and the raw gradient at a decomposition step,
+  with FP32 and BF16 decompositions and BF16 without the aligned padding: the second H100 session's step_cost runs
+  warned that it was negative in 6-13 of 144 BERT-Large layers (BF16 decompositions, damping 1e-3, random tokens),
+  which BERT-mini and BERT-base on the CPU do not show (bf16 within 0.6-0.7% of fp32, cosine 1.0).
 """
 
 from __future__ import annotations
@@ -103,17 +107,60 @@ def profile(ctx: Context, batch: int) -> dict[str, Any]:
     return out
 
 
+EFFECTIVENESS_CASES = (("fp32", None), ("bf16", None), ("bf16", 1))  # (inv_dtype, grouped align; None: its own)
+
+
+def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
+    """Per case of :data:`EFFECTIVENESS_CASES`: every layer's (damping share, cosine to the raw gradient) at the
+    second decomposition step, and the layers whose cosine is negative."""
+    from kaisa_ds.precondition import effectiveness as eff
+
+    out: dict[str, Any] = {}
+    original = eff.measure
+    for inv_dtype, align in EFFECTIVENESS_CASES:
+        args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25)
+        args.inv_dtype = inv_dtype
+        run = StepCostRun(args, ctx.device)
+        if align is not None:
+            run.kfac.grouped.align = align
+        figures: dict[str, Any] = {}
+
+        def recording(*a: Any, into: dict[str, Any] = figures, **k: Any) -> Any:
+            got = original(*a, **k)
+            into.clear()
+            into.update(got)
+            return got
+
+        eff.measure = recording  # type: ignore[assignment]
+        try:
+            for _ in range(2):
+                run.round(["decomposition"])
+        finally:
+            eff.measure = original  # type: ignore[assignment]
+        measured = {n: f for n, f in figures.items() if f is not None}
+        cosines = sorted(cos for _, cos in measured.values())
+        out[f"{inv_dtype}_align{'-default' if align is None else align}"] = {
+            "layers": len(measured), "negative": sorted(n for n, (_, cos) in measured.items() if cos < 0),
+            "min_cosine": cosines[0] if cosines else None,
+            "median_cosine": cosines[len(cosines) // 2] if cosines else None,
+            "median_damping_share": sorted(sh for sh, _ in measured.values())[len(measured) // 2] if measured else None,
+            "per_layer": {n: {"damping_share": sh, "cosine": cos} for n, (sh, cos) in measured.items()}}
+        del run
+        free()
+    return out
+
+
 def run(ctx: Context) -> dict[str, Any]:
     batch = 2 if ctx.smoke else ctx.args.batches[0]
     out: dict[str, Any] = {"machine": machine(), "ok": False}
     for name, fn in (("alignment", lambda: alignment(ctx)), ("fp16_exact", lambda: fp16_exact(ctx, batch)),
-                     ("profile", lambda: profile(ctx, batch))):
+                     ("profile", lambda: profile(ctx, batch)), ("effectiveness", lambda: effectiveness(ctx, batch))):
         if ctx.seconds_left() < 30:
             out[name] = {"skipped": "call's time budget"}
             continue
         out[name] = fn()
         ctx.write("diagnose", out)
-    out["ok"] = all("skipped" not in out[k] for k in ("alignment", "fp16_exact", "profile"))
+    out["ok"] = all("skipped" not in out[k] for k in ("alignment", "fp16_exact", "profile", "effectiveness"))
     ctx.write("diagnose", out)
     print(out["alignment"], {k: v for k, v in out["fp16_exact"].items() if k != "largest_outputs"}, sep="\n")
     return out

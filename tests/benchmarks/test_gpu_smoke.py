@@ -31,6 +31,10 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert [r["speedup"] > 0 for r in diag["alignment"]] == [True] * 3
     assert diag["fp16_exact"]["grams"] > 0 and diag["fp16_exact"]["nonfinite_outputs"] == []
     assert "aten::" in diag["profile"]["plain"] and "aten::" in diag["profile"]["factor"]
+    cases = diag["effectiveness"]
+    assert list(cases) == ["fp32_align-default", "bf16_align-default", "bf16_align1"]
+    for case in cases.values():  # every preconditioned layer measured, its cosine a real one
+        assert case["layers"] == 12 and -1 <= case["min_cosine"] <= case["median_cosine"] <= 1 + 1e-5
     tests = json.loads((out / "gpu_tests.json").read_text())
     assert tests["counts"]["failed"] == tests["counts"]["error"] == 0 and tests["counts"]["passed"] >= 10
     fused = [t for t in tests["tests"] if "fused_lamb" in t["test"]]
