@@ -22,9 +22,10 @@ def most_frequent_target(train_set: Any, *, sample: int = 20_000) -> int:
 
 
 def evaluate(module: PretrainingLoss | MaskedLMLoss, heldout: Any, *, device: torch.device, examples: int,
-             micro_batch: int, rank: int = 0, world: int = 1, baseline_token: int = IGNORE) -> dict[str, float]:
+             micro_batch: int, rank: int = 0, world: int = 1, baseline_token: int | None = None) -> dict[str, float]:
     """Metrics over the first ``examples`` held-out examples (each rank takes every ``world``-th one; summed over
-    the ranks with DeepSpeed's comm when ``world`` > 1). NSP metrics only from a model with NSP."""
+    the ranks with DeepSpeed's comm when ``world`` > 1). NSP metrics only from a model with NSP; the frequent-token
+    baseline's accuracy only with its ``baseline_token``."""
     mine = list(range(rank, min(examples, len(heldout)), world))
     totals = torch.zeros(len(STATS) + 1, dtype=torch.float64, device=device)
     was_training = module.training
@@ -38,7 +39,8 @@ def evaluate(module: PretrainingLoss | MaskedLMLoss, heldout: Any, *, device: to
             stats[1] *= stats[4]  # mean MLM loss of the batch → sum over its predictions
             stats[0] = stats[2] * stats[6]  # NSP loss summed over sequences (the total loss is not reported)
             targets = batch["masked_lm_ids"]
-            totals += torch.cat([stats, (targets == baseline_token).sum().double().reshape(1)])
+            hits = (targets == baseline_token).sum().double() if baseline_token is not None else stats.new_zeros(())
+            totals += torch.cat([stats, hits.reshape(1)])
     module.train(was_training)
     if world > 1:
         from deepspeed import comm as dist
@@ -48,8 +50,9 @@ def evaluate(module: PretrainingLoss | MaskedLMLoss, heldout: Any, *, device: to
     if mlm_count == 0:
         logger.warning("no held-out examples to evaluate (--eval-examples %d, %d held out)", examples, len(heldout))
         return {}
-    metrics = {"heldout_mlm_loss": float(totals[1]) / mlm_count, "heldout_mlm_accuracy": float(totals[3]) / mlm_count,
-               "heldout_mlm_baseline_accuracy": float(totals[7]) / mlm_count}
+    metrics = {"heldout_mlm_loss": float(totals[1]) / mlm_count, "heldout_mlm_accuracy": float(totals[3]) / mlm_count}
+    if baseline_token is not None:
+        metrics["heldout_mlm_baseline_accuracy"] = float(totals[7]) / mlm_count
     if nsp_count:
         metrics.update(heldout_nsp_loss=float(totals[0]) / nsp_count, heldout_nsp_accuracy=float(totals[5]) / nsp_count)
     return metrics

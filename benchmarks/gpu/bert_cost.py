@@ -46,7 +46,6 @@ TARGET = 0.05  # amortised K-FAC overhead at BERT-Large with the levers, share o
 
 def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
     """Intervals and levers of the phase-1 K-FAC config (the numbers KAISA's BERT-Large runs use)."""
-    kfac = json.loads(path.read_text())["kfac"]
     ds = json.loads(path.read_text())
     kfac = ds["kfac"]
     return {"factor_every": kfac["factor_update_steps"], "inv_every": kfac["inv_update_steps"],

@@ -1,6 +1,6 @@
 """Part ``diagnose``: where step_cost's K-FAC time goes, when the first GPU figures miss the target.
 
-Three findings a short device call can give (the first H100 call measured K-FAC at ~2× a bf16 LAMB step):
+Four findings a short device call can give (the first H100 call measured K-FAC at ~2× a bf16 LAMB step):
 - ``alignment``: batched BF16 matmuls of BERT-Large's preconditioning shapes with a bias-augmented size (1025, 4097)
   against the same padded to a multiple of 8 (what ``kaisa_ds.precondition.grouped`` now does on a GPU);
 - ``fp16_exact``: which statistics are non-finite when the exact (unsampled) FP16 run drops its windows: every

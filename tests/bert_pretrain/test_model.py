@@ -90,6 +90,7 @@ def test_single_process_evaluation_sums_every_example_and_reports_nsp_only_with_
         whole = module.eval()(batch).item()
     assert metrics["heldout_mlm_loss"] == pytest.approx(whole, rel=1e-5)  # token-weighted over uneven batches
     assert "heldout_nsp_loss" not in metrics
+    assert "heldout_mlm_baseline_accuracy" not in metrics  # no baseline token given: no figure (not padding counts)
     with_nsp = evaluate(PretrainingLoss(build_model("tiny", vocab_size=300)), Rows(), device=torch.device("cpu"),
                         examples=4, micro_batch=3)
     assert 0 <= with_nsp["heldout_nsp_accuracy"] <= 1
