@@ -106,3 +106,11 @@ def test_a_step_times_every_accumulated_pass_and_k_fac_samples_the_passes() -> N
     run.round(["factor"])
     assert forwards == {"base": 3, "kfac": 3}
     assert {i for i, _ in decided} == {0, 1, 2} and len({i for i, kept in decided if kept}) == 2
+
+
+@pytest.mark.parametrize("flags", [["--accumulation", "0"], ["--pass-fraction", "0"], ["--pass-fraction", "1.5"]])
+def test_bad_accumulation_flags_are_refused_by_name(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--size", "tiny", *flags])
+    assert exit_info.value.code == 2
+    assert flags[0] in capsys.readouterr().err
