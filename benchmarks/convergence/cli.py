@@ -2,6 +2,7 @@
 
     python -m benchmarks.convergence tune --regime small     # LAMB grid, then K-FAC grid; records every run
     python -m benchmarks.convergence tune --regime large
+    python -m benchmarks.convergence tune --regime large --lamb-only  # LAMB's grid only: all `defaults` needs
     python -m benchmarks.convergence final                   # both regimes, 3 seeds each, reads the tuning choices
     python -m benchmarks.convergence final --quick           # toy scale, as the smoke test runs it
     python -m benchmarks.convergence ablation --regime large # the finals beside identity-curvature K-FAC
@@ -73,7 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--steps", type=int, help="override the regime's steps (tuning and final alike)")
         c.add_argument("--model-size", choices=["tiny", "mini", "base"],
                        help="override the regimes' model (default: tiny; see regimes.py for why)")
-    sub.choices["tune"].add_argument("--regime", choices=sorted(REGIMES), required=True)
+    tun = sub.choices["tune"]
+    tun.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    tun.add_argument("--lamb-only", action="store_true",
+                     help="tune LAMB's grid only: all that `defaults` needs (K-FAC at its defaults takes LAMB's lr and "
+                          "warmup); a later run without it adds the K-FAC grid, reusing LAMB's records")
     abl = sub.choices["ablation"]
     abl.add_argument("--regime", choices=sorted(REGIMES), required=True)
     abl.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
@@ -166,32 +171,45 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
             records.append({**record, "settings": s})
         return records
 
+    if args.lamb_only:
+        refuse_dropping_kfac(out / "chosen.json")
     lamb = sweep(regime.lamb_grid(), "lamb")
     best_lamb = analysis.choose(lamb)
-    kfac = sweep(regime.kfac_grid(lamb_lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"]), "kfac")
-    best_kfac = analysis.choose(kfac)
+    kfac = [] if args.lamb_only else sweep(
+        regime.kfac_grid(lamb_lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"]), "kfac")
+    best_kfac = analysis.choose(kfac) if kfac else None
     cache = Path(lamb[0]["eval_cache"])
     chosen = {"regime": regime.name, "tuned_at": scale_of(regime, quick_scale=args.quick, parts=parts,
                                                                   vocab=args.vocab),
-              "lamb": best_lamb["settings"], "kfac": best_kfac["settings"],
+              "lamb": best_lamb["settings"], "kfac": best_kfac["settings"] if best_kfac else None,
               "criterion": "lowest final held-out MLM loss on the tune part, tuning seed 0",
               "tune_plateau": analysis.plateau(cache, "tune"),
               "tune_frequency_model_loss": analysis.frequency_model_loss(cache, "tune",
                                                                          examples=regime.eval_examples),
               "budget": {o: {"runs": len(r), "steps_per_run": regime.tune_steps} for o, r in
-                         (("lamb", lamb), ("kfac", kfac))},
+                         (("lamb", lamb), ("kfac", kfac)) if r},
               "runs": [{"optimizer": r["spec"]["optimizer"], **r["settings"], "final_tune_mlm": r["final"],
                         "train_seconds": r["train_seconds"]} for r in lamb + kfac],
               "machine": info, "parts": str(parts.folder / "parts.json")}
     write_json(chosen, out / "chosen.json")
-    write_json(ds_config(regime, lr=best_kfac["settings"]["lr"], warmup=best_kfac["settings"]["warmup"],
-                         steps=regime.steps, kfac=kfac_keys(best_kfac["settings"])), out / "chosen_kfac_ds_config.json")
+    if best_kfac is not None:
+        write_json(ds_config(regime, lr=best_kfac["settings"]["lr"], warmup=best_kfac["settings"]["warmup"],
+                             steps=regime.steps, kfac=kfac_keys(best_kfac["settings"])),
+                   out / "chosen_kfac_ds_config.json")
     write_json(ds_config(regime, lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"],
                          steps=regime.steps, kfac=None), out / "chosen_lamb_ds_config.json")
     print(table(chosen["runs"], ["optimizer", "lr", "warmup", "damping", "factor_every", "inv_every",
                                  "final_tune_mlm", "train_seconds"]))
-    print(f"chosen: LAMB {chosen['lamb']}, K-FAC {chosen['kfac']} → {out / 'chosen.json'}")
+    kfac_choice = chosen["kfac"] if chosen["kfac"] is not None else "not tuned (--lamb-only)"
+    print(f"chosen: LAMB {chosen['lamb']}, K-FAC {kfac_choice} → {out / 'chosen.json'}")
     return chosen
+
+
+def refuse_dropping_kfac(path: Path) -> None:
+    """``tune --lamb-only`` rewrites chosen.json; it must not drop a K-FAC choice a full tuning recorded there."""
+    if path.is_file() and json.loads(path.read_text()).get("kfac") is not None:
+        raise SystemExit(f"{path} already holds a K-FAC choice: --lamb-only would drop it; leave out --lamb-only "
+                         "(every recorded run is reused)")
 
 
 def load_transferred(regime: Regime, parts: Parts, args: argparse.Namespace) -> dict[str, Any]:

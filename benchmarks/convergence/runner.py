@@ -81,6 +81,9 @@ def final_spec(*, regime: Regime, chosen: dict[str, Any], optimizer: str, seed: 
     with the regime's final cost levers). The final, ablation, defaults and same-day studies all reuse these
     records, so the spec is built here once."""
     s = chosen[optimizer]
+    if s is None:
+        raise SystemExit(f"the recorded choice has no {optimizer} settings (tuned with `tune --lamb-only`): run "
+                         "`python -m benchmarks.convergence tune` without --lamb-only first (LAMB's runs are reused)")
     return RunSpec(name=f"{optimizer}_seed{seed}", regime=regime.name, optimizer=optimizer, lr=s["lr"],
                    warmup=s["warmup"], steps=regime.steps, seed=seed, eval_part="report",
                    kfac={**kfac_keys(s), **dict(regime.final_kfac)} if optimizer == "kfac" else None)

@@ -649,3 +649,40 @@ def test_transfer_case_refuses_what_is_not_a_transfer(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "results" / "small" / "transfer.json").read_text())
     assert got["lamb"] == chosen["lamb"] and record["tuned_sources_sha256"] == wiki.source_sha256
     assert record["report_sources_sha256"] != wiki.source_sha256 and record["report_texts"] == [str(SQUAD)]
+
+
+def test_lamb_only_tuning_is_all_the_defaults_study_needs_and_later_tuning_keeps_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: K-FAC at its defaults takes only LAMB's tuned lr and warmup, yet `defaults` once needed the whole
+    K-FAC grid tuned first (8 more runs on BERT-mini before its first report-part figure). `tune --lamb-only`
+    records LAMB's choice alone; `defaults` then trains LAMB and the defaults only; studies that need the tuned
+    K-FAC say which command records it; a later full `tune` reuses the LAMB runs and adds the K-FAC choice, which a
+    rerun with --lamb-only refuses to drop."""
+    calls = _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
+              "--vocab", str(vocab)]
+
+    def kfac_launches() -> int:
+        return sum("kfac" in json.dumps(json.loads(Path(a[a.index("--config") + 1]).read_text())) for a in calls)
+
+    chosen = main(["tune", "--regime", "small", "--lamb-only", *common])
+    assert chosen["kfac"] is None and set(chosen["budget"]) == {"lamb"} and kfac_launches() == 0
+    assert not (tmp_path / "r" / "small" / "chosen_kfac_ds_config.json").exists()
+    lamb_launches = len(calls)
+    result = main(["defaults", "--regime", "small", *common])
+    assert result["tuned_kfac"] is None and all("tuned" not in row for row in result["rows"])
+    assert sorted(p.name for p in (tmp_path / "r" / "small").rglob("*_seed1.json")) == [
+        "defaults_seed1.json", "lamb_seed1.json"]
+    assert len(calls) == lamb_launches + 2 and kfac_launches() == 1  # LAMB's final and the defaults run
+    with pytest.raises(SystemExit, match="--lamb-only"):
+        main(["final", "--regimes", "small", *common])
+    full = main(["tune", "--regime", "small", *common])
+    assert full["kfac"] is not None and full["lamb"] == chosen["lamb"]
+    assert kfac_launches() == 2 and len(calls) == lamb_launches + 3  # the quick K-FAC grid's 1 run; LAMB reused
+    with pytest.raises(SystemExit, match="K-FAC choice"):
+        main(["tune", "--regime", "small", "--lamb-only", *common])
+    assert json.loads((tmp_path / "r" / "small" / "chosen.json").read_text())["kfac"] == full["kfac"]
