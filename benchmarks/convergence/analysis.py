@@ -84,6 +84,22 @@ def choose(records: list[dict[str, Any]]) -> dict[str, Any]:
     return min(finished, key=lambda r: r["final"])
 
 
+def grid_edges(choice: dict[str, float], tried: Sequence[dict[str, float]]) -> list[str]:
+    """Where the chosen point sits on an edge of the tried grid: along each of its settings, among the tried points
+    equal to it in every other setting. A baseline chosen at an edge may be bettered outside the grid, so each
+    edge is named with the flag that extends it (``tune --lamb-points LR:WARMUP``)."""
+    edges = []
+    for key, value in choice.items():
+        line = sorted({p[key] for p in tried if all(p.get(k) == v for k, v in choice.items() if k != key)})
+        if len(line) < 2:
+            edges.append(f"{key} {value:g} is the only value tried at these settings: try others (--lamb-points)")
+        elif value in (line[0], line[-1]):
+            side = "smallest" if value == line[0] else "largest"
+            edges.append(f"{key} {value:g} is the {side} tried ({line[0]:g}–{line[-1]:g}) at the chosen other "
+                         "settings: a better point may lie beyond it (--lamb-points)")
+    return edges
+
+
 def run_summary(record: dict[str, Any], *, plateau_loss: float, targets: Sequence[float]) -> dict[str, Any]:
     """Final loss, where the run left the plateau, and when it reached each target (None: never)."""
     curve = curve_of(record)

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override the regimes' model (default: tiny; see regimes.py for why)")
     tun = sub.choices["tune"]
     tun.add_argument("--regime", choices=sorted(REGIMES), required=True)
+    tun.add_argument("--lamb-points", nargs="+", default=[], type=lamb_point, metavar="LR:WARMUP",
+                     help="LAMB settings tried beside the regime's grid (e.g. beyond an edge the choice sits on); "
+                          "the choice and the recorded budget cover them")
     tun.add_argument("--lamb-only", action="store_true",
                      help="tune LAMB's grid only: all that `defaults` needs (K-FAC at its defaults takes LAMB's lr and "
                           "warmup); a later run without it adds the K-FAC grid, reusing LAMB's records")
@@ -118,6 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
     return p
+
+
+def lamb_point(text: str) -> dict[str, float]:
+    """``LR:WARMUP`` (``--lamb-points``) as a LAMB grid point."""
+    try:
+        lr, warmup = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LR:WARMUP, e.g. 0.005:0.2") from None
+    return {"lr": lr, "warmup": warmup}
 
 
 def shipped_results() -> Path:
@@ -173,8 +185,12 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.lamb_only:
         refuse_dropping_kfac(out / "chosen.json")
-    lamb = sweep(regime.lamb_grid(), "lamb")
+    grid = regime.lamb_grid()
+    lamb = sweep(grid + [p for p in args.lamb_points if p not in grid], "lamb")
     best_lamb = analysis.choose(lamb)
+    edges = analysis.grid_edges(best_lamb["settings"], [r["settings"] for r in lamb])
+    for edge in edges:
+        logging.warning("LAMB's choice %s: %s", best_lamb["settings"], edge)
     kfac = [] if args.lamb_only else sweep(
         regime.kfac_grid(lamb_lr=best_lamb["settings"]["lr"], warmup=best_lamb["settings"]["warmup"]), "kfac")
     best_kfac = analysis.choose(kfac) if kfac else None
@@ -182,6 +198,7 @@ def tune(args: argparse.Namespace) -> dict[str, Any]:
     chosen = {"regime": regime.name, "tuned_at": scale_of(regime, quick_scale=args.quick, parts=parts,
                                                                   vocab=args.vocab),
               "lamb": best_lamb["settings"], "kfac": best_kfac["settings"] if best_kfac else None,
+              "lamb_grid_edges": edges,
               "criterion": "lowest final held-out MLM loss on the tune part, tuning seed 0",
               "tune_plateau": analysis.plateau(cache, "tune"),
               "tune_frequency_model_loss": analysis.frequency_model_loss(cache, "tune",

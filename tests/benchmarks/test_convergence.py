@@ -686,3 +686,37 @@ def test_lamb_only_tuning_is_all_the_defaults_study_needs_and_later_tuning_keeps
     with pytest.raises(SystemExit, match="K-FAC choice"):
         main(["tune", "--regime", "small", "--lamb-only", *common])
     assert json.loads((tmp_path / "r" / "small" / "chosen.json").read_text())["kfac"] == full["kfac"]
+
+
+def test_a_choice_on_the_grids_edge_is_named_with_the_flag_that_extends_it() -> None:
+    """BERT-mini's LAMB tuning chose lr 0.01 at warmup 0.2: the smallest lr and the longest warmup tried, so a
+    better baseline may lie outside the grid. The edges of the chosen point, along each axis among the points that
+    share its other settings, are named; a point inside the grid has none."""
+    tried = [{"lr": lr, "warmup": w} for lr in (0.01, 0.02, 0.03) for w in (0.05, 0.2)]
+    edges = analysis.grid_edges({"lr": 0.01, "warmup": 0.2}, tried)
+    assert len(edges) == 2 and all("--lamb-points" in e for e in edges)
+    assert "lr 0.01" in edges[0] and "smallest" in edges[0] and "warmup 0.2" in edges[1] and "largest" in edges[1]
+    inner = tried + [{"lr": 0.02, "warmup": 0.4}]
+    assert analysis.grid_edges({"lr": 0.02, "warmup": 0.2}, inner) == []
+    assert analysis.grid_edges({"lr": 0.01}, [{"lr": 0.01}])[0].startswith("lr 0.01 is the only value tried")
+
+
+def test_extra_lamb_points_join_the_grid_the_choice_and_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
+              "--vocab", str(vocab)]
+    chosen = main(["tune", "--regime", "small", "--lamb-only", "--lamb-points", "0.001:0.3", *common])
+    lrs = [json.loads(Path(a[a.index("--config") + 1]).read_text())["optimizer"]["params"]["lr"] for a in calls]
+    assert lrs == [REGIMES["small"].lamb_lrs[0], 0.001]
+    assert chosen["budget"]["lamb"]["runs"] == 2 and {r["lr"] for r in chosen["runs"]} == set(lrs)
+    assert chosen["lamb"]["lr"] == REGIMES["small"].lamb_lrs[0]  # equal finals: the first, the regime's own
+    assert chosen["lamb_grid_edges"] == analysis.grid_edges(chosen["lamb"], [{"lr": r["lr"], "warmup": r["warmup"]}
+                                                                             for r in chosen["runs"]])
+    with pytest.raises(SystemExit):
+        main(["tune", "--regime", "small", "--lamb-points", "0.01", *common])
+    assert "'0.01': give LR:WARMUP" in capsys.readouterr().err
