@@ -651,6 +651,18 @@ def test_transfer_case_refuses_what_is_not_a_transfer(tmp_path: Path) -> None:
     assert record["report_sources_sha256"] != wiki.source_sha256 and record["report_texts"] == [str(SQUAD)]
 
 
+def _fake_quick_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], list[str]]:
+    """Fake launches and evaluation caches, a 14-block text and a tiny vocabulary: the launches list and the
+    flags every command of such a study takes."""
+    calls = _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    return calls, ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
+                   "--vocab", str(vocab)]
+
+
 def test_lamb_only_tuning_is_all_the_defaults_study_needs_and_later_tuning_keeps_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 23: K-FAC at its defaults takes only LAMB's tuned lr and warmup, yet `defaults` once needed the whole
@@ -658,13 +670,7 @@ def test_lamb_only_tuning_is_all_the_defaults_study_needs_and_later_tuning_keeps
     records LAMB's choice alone; `defaults` then trains LAMB and the defaults only; studies that need the tuned
     K-FAC say which command records it; a later full `tune` reuses the LAMB runs and adds the K-FAC choice, which a
     rerun with --lamb-only refuses to drop."""
-    calls = _fake_launches(monkeypatch)
-    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
-    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
-    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
-    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
-              "--vocab", str(vocab)]
+    calls, common = _fake_quick_study(tmp_path, monkeypatch)
 
     def kfac_launches() -> int:
         return sum("kfac" in json.dumps(json.loads(Path(a[a.index("--config") + 1]).read_text())) for a in calls)
@@ -703,13 +709,7 @@ def test_a_choice_on_the_grids_edge_is_named_with_the_flag_that_extends_it() -> 
 
 def test_extra_lamb_points_join_the_grid_the_choice_and_the_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    calls = _fake_launches(monkeypatch)
-    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
-    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
-    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
-    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
-              "--vocab", str(vocab)]
+    calls, common = _fake_quick_study(tmp_path, monkeypatch)
     chosen = main(["tune", "--regime", "small", "--lamb-only", "--lamb-points", "0.001:0.3", *common])
     lrs = [json.loads(Path(a[a.index("--config") + 1]).read_text())["optimizer"]["params"]["lr"] for a in calls]
     assert lrs == [REGIMES["small"].lamb_lrs[0], 0.001]
