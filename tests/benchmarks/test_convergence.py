@@ -295,6 +295,18 @@ def _blocks(path: Path, n: int = 12) -> Path:
     return path
 
 
+def _fake_quick_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], list[str]]:
+    """Fake launches and evaluation caches, a 14-block text and a tiny vocabulary: the launches list and the
+    flags every command of such a study takes."""
+    calls = _fake_launches(monkeypatch)
+    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
+    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
+    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
+    return calls, ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
+                   "--vocab", str(vocab)]
+
+
 @REAL_DATA
 def test_quick_runs_write_outside_the_shipped_results_and_final_refuses_toy_choices(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -411,13 +423,9 @@ def test_shipped_records_stay_reusable_under_the_new_key() -> None:
 def test_final_json_names_every_input_it_ran_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """final.json's command once kept only --quick, --regimes and --seeds: a run on other --text, --vocab, --steps
     or --model-size was recorded as the default one."""
-    calls = _fake_launches(monkeypatch)
-    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
-    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
-    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
-    common = ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
-              "--vocab", str(vocab), "--steps", "6", "--model-size", "mini"]
+    calls, common = _fake_quick_study(tmp_path, monkeypatch)
+    common += ["--steps", "6", "--model-size", "mini"]
+    text, vocab = tmp_path / "text.txt", tmp_path / "vocab.txt"
     main(["tune", "--regime", "small", *common])
     result = main(["final", "--regimes", "small", *common])
     assert len(calls) == 4
@@ -649,18 +657,6 @@ def test_transfer_case_refuses_what_is_not_a_transfer(tmp_path: Path) -> None:
     record = json.loads((tmp_path / "results" / "small" / "transfer.json").read_text())
     assert got["lamb"] == chosen["lamb"] and record["tuned_sources_sha256"] == wiki.source_sha256
     assert record["report_sources_sha256"] != wiki.source_sha256 and record["report_texts"] == [str(SQUAD)]
-
-
-def _fake_quick_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[str]], list[str]]:
-    """Fake launches and evaluation caches, a 14-block text and a tiny vocabulary: the launches list and the
-    flags every command of such a study takes."""
-    calls = _fake_launches(monkeypatch)
-    monkeypatch.setattr(analysis, "plateau", lambda cache, part: 6.0)
-    monkeypatch.setattr(analysis, "frequency_model_loss", lambda cache, part, examples: 6.5)
-    text, vocab = _blocks(tmp_path / "text.txt", n=14), tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nblock\n")
-    return calls, ["--quick", "--work", str(tmp_path / "w"), "--results", str(tmp_path / "r"), "--text", str(text),
-                   "--vocab", str(vocab)]
 
 
 def test_lamb_only_tuning_is_all_the_defaults_study_needs_and_later_tuning_keeps_it(
