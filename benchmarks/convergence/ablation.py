@@ -58,8 +58,15 @@ def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any
                          "lamb_best": lamb_best(lr), "to_lamb_final": reach(rec, lr["final"], lr),
                          "to_lamb_best": reach(rec, lamb_best(lr), lr),
                          "lamb_steps_to_its_best": reach(lr, lamb_best(lr), lr)["step"],
-                         "train_seconds": rec["train_seconds"]})
+                         "train_seconds": rec["train_seconds"], "one_boot": one_boot(lr, rec)})
     return rows
+
+
+def one_boot(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two records were trained on one boot of one machine: only then is a ratio of their seconds a ratio
+    of the optimizers (this machine's speed changed by up to 33% between boots)."""
+    boot = (a.get("machine") or {}).get("boot_id")
+    return boot is not None and boot == (b.get("machine") or {}).get("boot_id")
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -79,8 +86,12 @@ def report(result: dict[str, Any]) -> str:
     """A study's per-seed rows and each variant's summary (ratios to LAMB's final and best), as printed."""
     rows = [{"seed": r["seed"], "variant": r["variant"], "final": r["final"], "LAMB final": r["lamb_final"],
              "LAMB best": r["lamb_best"], "time to LAMB final": r["to_lamb_final"]["time_ratio"],
-             "time to LAMB best": r["to_lamb_best"]["time_ratio"]} for r in result["rows"]]
+             "time to LAMB best": r["to_lamb_best"]["time_ratio"], "one boot": r.get("one_boot")}
+            for r in result["rows"]]
     lines = [table(rows, list(rows[0]))]
+    if not all(r.get("one_boot") for r in result["rows"]):
+        lines.append("rows not trained on one boot beside their LAMB run: their time ratios measure the machine too; "
+                     "`python -m benchmarks.convergence.same_day` pairs them on one boot (steps are comparable)")
     for name, s in result["summary"].items():
         final, best = s["to_lamb_final"]["time_ratio"], s["to_lamb_best"]["time_ratio"]
         lines.append(f"{name}: final {s['final']['mean']} (±{s['final']['std']}); time to LAMB's final "

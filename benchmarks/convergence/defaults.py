@@ -67,14 +67,16 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
             record = out / "final" / f"{spec.name}.json"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work, record=record, machine=info))
     rows = seed_rows(records["lamb"], {n: records[n] for n in names if n != "lamb"})
-    result = {"regime": regime.name, "part": part, "seeds": seeds, "lamb": lamb, "tuned_kfac": chosen.get("kfac"),
+    result = {"regime": regime.name, "model_size": regime.model_size, "part": part, "seeds": seeds, "lamb": lamb,
+              "tuned_kfac": chosen.get("kfac"),
               "final_kfac": dict(regime.final_kfac), "defaults_kfac_section": {"enabled": True, **extra},
               "defaults_lr": lamb["lr"], "defaults_warmup": lamb["warmup"], "rows": rows,
               "summary": summarise(rows), "machine": info}
     if not tune:
         labels = {"lamb": "LAMB (tuned lr, warmup)", "tuned": "K-FAC tuned", "defaults": "K-FAC defaults"}
         plot_curves({labels[n]: records[n] for n in names}, out=out / "defaults.png", ylabel="held-out MLM loss",
-                    title=f"{regime.name} regime, report part: {', '.join(labels[n] for n in names)}; seeds {seeds}")
+                    title=f"{regime.name} regime (BERT-{regime.model_size}), report part: "
+                          f"{', '.join(labels[n] for n in names)}; seeds {seeds}")
     written = out / ("defaults_tune.json" if tune else "defaults.json")
     if tune:  # one file for every candidate tried on the tune part
         earlier = json.loads(written.read_text()) if written.is_file() else {}

@@ -452,6 +452,69 @@ def test_same_day_pairs_only_records_of_one_machine_boot(tmp_path: Path) -> None
     assert not same_boot([a, write("e", machine={"boot_id": "x"}, error="diverged")])
 
 
+def test_a_pair_split_across_boots_keeps_this_boots_record_and_runs_only_the_other_again(tmp_path: Path) -> None:
+    """Only what another boot made trains again: a record made on this boot stays (it would be the pair's twin), a
+    pair made together on an earlier boot stays whole, a failed record goes."""
+    from benchmarks.convergence.same_day import keep_this_boot
+
+    def write(name: str, boot: str, error: str | None = None) -> Path:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"error": error, "machine": {"boot_id": boot}}))
+        return path
+
+    here, there = write("here", "now"), write("there", "before")
+    keep_this_boot([here, there], boot="now")
+    assert here.is_file() and not there.exists()
+    keep_this_boot([here, tmp_path / "absent.json"], boot="now")
+    assert here.is_file()
+    old_a, old_b = write("old_a", "before"), write("old_b", "before")
+    keep_this_boot([old_a, old_b], boot="now")
+    assert old_a.is_file() and old_b.is_file()
+    failed = write("failed", "now", error="killed")
+    keep_this_boot([here, failed], boot="now")
+    assert here.is_file() and not failed.exists()
+
+
+def test_the_tuned_pair_takes_in_the_tuned_record_only_when_this_boot_made_it(tmp_path: Path) -> None:
+    """--tuned: the `defaults` study's tuned K-FAC record, made on this boot, need not train again; one from another
+    boot, or failed, is not taken (its time would not pair with LAMB's), and a pair's own record is never replaced."""
+    from benchmarks.convergence.same_day import adopt_this_boot
+
+    source, target = tmp_path / "final" / "kfac_seed1.json", tmp_path / "pair" / "kfac_seed1.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps({"error": None, "final": 5.1, "machine": {"boot_id": "before"}}))
+    adopt_this_boot(source, target, boot="now")
+    assert not target.exists()
+    source.write_text(json.dumps({"error": "killed", "machine": {"boot_id": "now"}}))
+    adopt_this_boot(source, target, boot="now")
+    assert not target.exists()
+    source.write_text(json.dumps({"error": None, "final": 5.1, "machine": {"boot_id": "now"}}))
+    adopt_this_boot(source, target, boot="now")
+    assert json.loads(target.read_text())["final"] == 5.1
+    source.write_text(json.dumps({"error": None, "final": 4.0, "machine": {"boot_id": "now"}}))
+    adopt_this_boot(source, target, boot="now")
+    assert json.loads(target.read_text())["final"] == 5.1
+
+
+def test_same_day_reads_the_choice_from_the_results_folder_given(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """BERT-mini's study lives in its own results folder: --results is where chosen.json is looked for; --tuned
+    against a LAMB-only choice says how to make the K-FAC one; --tuned with --tuned-lamb-shape is refused."""
+    from benchmarks.convergence import same_day
+
+    with pytest.raises(SystemExit):
+        same_day.main(["--regime", "large", "--model-size", "mini", "--results", str(tmp_path)])
+    assert str(tmp_path / "large" / "chosen.json") in capsys.readouterr().err
+    (tmp_path / "large").mkdir()
+    (tmp_path / "large" / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}, "kfac": None}))
+    with pytest.raises(SystemExit):
+        same_day.main(["--regime", "large", "--tuned", "--results", str(tmp_path)])
+    assert "without --lamb-only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        same_day.main(["--regime", "large", "--tuned", "--tuned-lamb-shape", "--results", str(tmp_path)])
+    assert "--tuned-lamb-shape" in capsys.readouterr().err
+
+
 def test_same_day_without_a_tuned_choice_names_the_file_and_the_command(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -462,6 +525,22 @@ def test_same_day_without_a_tuned_choice_names_the_file_and_the_command(tmp_path
         same_day.main(["--regime", "small"])
     err = capsys.readouterr().err
     assert str(tmp_path / "small" / "chosen.json") in err and "benchmarks.convergence tune --regime small" in err
+
+
+def test_a_time_ratio_across_machine_boots_is_flagged_in_the_rows_and_the_report() -> None:
+    """`defaults` reuses LAMB's records from whatever boot made them; BERT-mini's tuned rows read 0.68 that way and
+    0.82 paired on one boot: a row says whether its pair shares a boot, and the report names the command that pairs."""
+    from benchmarks.convergence.ablation import report, seed_rows, summarise
+
+    def record(seed: int, boot: str | None) -> dict[str, Any]:
+        return {"spec": {"seed": seed, "steps": 20}, "train_seconds": 20.0, "final": 6.0, "machine": {"boot_id": boot},
+                "curve": {"steps": [10.0, 20.0], "seconds": [10.0, 20.0], "values": [7.0, 6.0]}}
+
+    rows = seed_rows([record(1, "a"), record(2, "a"), record(3, None)],
+                     {"kfac": [record(1, "a"), record(2, "b"), record(3, None)]})
+    assert [r["one_boot"] for r in rows] == [True, False, False]
+    assert "same_day" in report({"rows": rows, "summary": summarise(rows)})
+    assert "same_day" not in report({"rows": rows[:1], "summary": summarise(rows[:1])})
 
 
 def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> None:
