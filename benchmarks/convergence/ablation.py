@@ -62,11 +62,15 @@ def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any
     return rows
 
 
+def boot_id(record: dict[str, Any]) -> str | None:
+    """The machine boot a run record names (None for older records, made before records kept it)."""
+    return (record.get("machine") or {}).get("boot_id")
+
+
 def one_boot(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two records were trained on one boot of one machine: only then is a ratio of their seconds a ratio
     of the optimizers (this machine's speed changed by up to 33% between boots)."""
-    boot = (a.get("machine") or {}).get("boot_id")
-    return boot is not None and boot == (b.get("machine") or {}).get("boot_id")
+    return boot_id(a) is not None and boot_id(a) == boot_id(b)
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,7 +12,8 @@ evaluates a fixed sample of the training part without dropout (into ``same_day_t
 ``--tuned-lamb-shape`` trains LAMB, and K-FAC over it, at the PolyWarmUp degree and weight decay that
 ``benchmarks.convergence lamb-shape`` chose (``<regime>/lamb_shape.json``), into folders and files ending
 ``_lamb_shape``: the ratios against a LAMB tuned on its schedule shape too. A pair is reused only when both records
-were made on one boot of one machine (``boot_id``); otherwise both are run again.
+were made on one boot of one machine (``boot_id``); otherwise each record another boot made (or a failed one) is
+run again, beside the one this boot already made.
 
 ``--tuned`` pairs LAMB's final run with the *tuned* K-FAC's final run instead (``<regime>/same_day_tuned/``,
 ``tuned_same_day.json``): the ``defaults`` study's tuned rows reuse LAMB's records from whatever boot made them, and
@@ -38,7 +39,7 @@ from benchmarks.convergence.defaults import defaults_spec
 from benchmarks.convergence.parts import write_parts
 from benchmarks.convergence.plots import plot_train_heldout
 from benchmarks.convergence.regimes import REGIMES, Regime, shipped_lamb_shape
-from benchmarks.convergence.runner import final_spec, run
+from benchmarks.convergence.runner import RunSpec, final_spec, run
 from benchmarks.harness.machine import machine
 
 
@@ -47,7 +48,7 @@ def boot_of(record: Path) -> str | None:
     if not record.is_file():
         return None
     old = json.loads(record.read_text())
-    return None if old.get("error") is not None else (old.get("machine") or {}).get("boot_id")
+    return None if old.get("error") is not None else ablation.boot_id(old)
 
 
 def same_boot(records: list[Path]) -> bool:
@@ -74,7 +75,7 @@ def adopt_this_boot(source: Path, target: Path, *, boot: str | None) -> None:
         shutil.copyfile(source, target)
 
 
-def pair_specs(*, regime: Regime, chosen: dict[str, Any], seed: int, tuned: bool) -> tuple[Any, Any]:
+def pair_specs(*, regime: Regime, chosen: dict[str, Any], seed: int, tuned: bool) -> tuple[RunSpec, RunSpec]:
     """LAMB's final run and the K-FAC run it is timed against: the tuned K-FAC's final run, or the defaults."""
     kfac = (final_spec(regime=regime, chosen=chosen, optimizer="kfac", seed=seed) if tuned
             else defaults_spec(regime=regime, lamb=chosen["lamb"], seed=seed, steps=regime.steps))
