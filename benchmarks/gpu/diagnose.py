@@ -9,7 +9,11 @@ Four findings a short device call can give (the first H100 call measured K-FAC a
 - ``effectiveness``: per layer, the cosine between the preconditioned and the raw gradient at a decomposition step,
   with FP32 and BF16 decompositions and BF16 without the aligned padding: the second H100 session's step_cost runs
   warned that it was negative in 6-13 of 144 BERT-Large layers (BF16 decompositions, damping 1e-3, random tokens),
-  which BERT-mini and BERT-base on the CPU do not show (bf16 within 0.6-0.7% of fp32, cosine 1.0).
+  which BERT-mini and BERT-base on the CPU do not show (bf16 within 0.6-0.7% of fp32, cosine 1.0). A fourth case
+  turns off cuBLAS's reduced-precision reductions in BF16 GEMMs (PyTorch allows them by default; the CPU's BF16
+  GEMMs always accumulate in FP32): a positive-definite preconditioner cannot point away in exact arithmetic, but
+  its low-curvature directions multiply the rounding error of the rotated gradient by up to ``1/γ``, and split-K
+  partial sums kept in BF16 would make that error large enough to flip the sign.
 """
 
 from __future__ import annotations
@@ -107,7 +111,13 @@ def profile(ctx: Context, batch: int) -> dict[str, Any]:
     return out
 
 
-EFFECTIVENESS_CASES = (("fp32", None), ("bf16", None), ("bf16", 1))  # (inv_dtype, grouped align; None: its own)
+# (inv_dtype, grouped align (None: its own), cuBLAS's reduced-precision BF16 reductions allowed)
+EFFECTIVENESS_CASES = (("fp32", None, True), ("bf16", None, True), ("bf16", 1, True), ("bf16", None, False))
+
+
+def case_name(inv_dtype: str, align: int | None, reduced: bool) -> str:
+    """The key of one :data:`EFFECTIVENESS_CASES` row in the part's JSON."""
+    return f"{inv_dtype}_align{'-default' if align is None else align}{'' if reduced else '_full-reduction'}"
 
 
 def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
@@ -117,7 +127,9 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     original = eff.measure
-    for inv_dtype, align in EFFECTIVENESS_CASES:
+    allowed = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    for inv_dtype, align, reduced in EFFECTIVENESS_CASES:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25)
         args.inv_dtype = inv_dtype
         run = StepCostRun(args, ctx.device)
@@ -137,9 +149,11 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
                 run.round(["decomposition"])
         finally:
             eff.measure = original  # type: ignore[assignment]
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = allowed
         measured = {n: f for n, f in figures.items() if f is not None}
         cosines = sorted(cos for _, cos in measured.values())
-        out[f"{inv_dtype}_align{'-default' if align is None else align}"] = {
+        out[case_name(inv_dtype, align, reduced)] = {
+            "bf16_reduced_precision_reduction": reduced,
             "layers": len(measured), "negative": sorted(n for n, (_, cos) in measured.items() if cos < 0),
             "min_cosine": cosines[0] if cosines else None,
             "median_cosine": cosines[len(cosines) // 2] if cosines else None,

@@ -32,7 +32,10 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert diag["fp16_exact"]["grams"] > 0 and diag["fp16_exact"]["nonfinite_outputs"] == []
     assert "aten::" in diag["profile"]["plain"] and "aten::" in diag["profile"]["factor"]
     cases = diag["effectiveness"]
-    assert list(cases) == ["fp32_align-default", "bf16_align-default", "bf16_align1"]
+    assert list(cases) == ["fp32_align-default", "bf16_align-default", "bf16_align1",
+                           "bf16_align-default_full-reduction"]
+    assert [c["bf16_reduced_precision_reduction"] for c in cases.values()] == [True, True, True, False]
+    assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction  # the part restores the setting
     for case in cases.values():  # every preconditioned layer measured, its cosine a real one
         assert case["layers"] == 12 and -1 <= case["min_cosine"] <= case["median_cosine"] <= 1 + 1e-5
     tests = json.loads((out / "gpu_tests.json").read_text())
