@@ -44,8 +44,32 @@ def reach(record: dict[str, Any], target: float, lamb: dict[str, Any]) -> dict[s
             "time_ratio": hit.seconds / lamb["train_seconds"] if hit else None}
 
 
+def generalisation(record: dict[str, Any], lamb: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a held-out lead over LAMB comes from (item 2e), from both runs' dropout-off evaluations of the training
+    part (``also_on_train``): the held-out lead is the training-loss lead plus the lead in the held-out-minus-training
+    gap, so ``gap_share`` is the part of it that is less overfitting rather than faster optimisation. None when
+    either run lacks those evaluations (or failed)."""
+    if record.get("final") is None or lamb.get("final") is None:
+        return None
+    if "train_eval_curve" not in record or "train_eval_curve" not in lamb:
+        return None
+    mine, theirs = record["train_eval_curve"], lamb["train_eval_curve"]
+    if not mine["values"] or not theirs["values"]:
+        return None
+    train, lamb_train = mine["values"][-1], theirs["values"][-1]
+    gap, lamb_gap = record["final"] - train, lamb["final"] - lamb_train
+    lead = lamb["final"] - record["final"]
+    at = dict(zip(theirs["steps"], theirs["values"]))
+    pairs = [(v, at[s]) for s, v in zip(mine["steps"], mine["values"]) if s in at]
+    return {"train_final": train, "lamb_train_final": lamb_train, "train_lead": lamb_train - train,
+            "gap": gap, "lamb_gap": lamb_gap, "gap_lead": lamb_gap - gap, "heldout_lead": lead,
+            "gap_share": (lamb_gap - gap) / lead if lead > 0 else None,
+            "train_below_share": sum(v < w for v, w in pairs) / len(pairs) if pairs else None}
+
+
 def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per seed and variant: final loss and the reach of LAMB's final and best losses."""
+    """Per seed and variant: final loss and the reach of LAMB's final and best losses (and, where both runs
+    evaluated the training part, :func:`generalisation`)."""
     rows = []
     for lr in sorted(lamb, key=lambda r: r["spec"]["seed"]):
         seed = lr["spec"]["seed"]
@@ -54,11 +78,13 @@ def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any
             if not match:
                 continue
             rec = match[0]
+            gen = generalisation(rec, lr)
             rows.append({"seed": seed, "variant": name, "final": rec["final"], "lamb_final": lr["final"],
                          "lamb_best": lamb_best(lr), "to_lamb_final": reach(rec, lr["final"], lr),
                          "to_lamb_best": reach(rec, lamb_best(lr), lr),
                          "lamb_steps_to_its_best": reach(lr, lamb_best(lr), lr)["step"],
-                         "train_seconds": rec["train_seconds"], "one_boot": one_boot(lr, rec)})
+                         "train_seconds": rec["train_seconds"], "one_boot": one_boot(lr, rec),
+                         **({"generalisation": gen} if gen is not None else {})})
     return rows
 
 
@@ -83,6 +109,14 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for target in ("to_lamb_final", "to_lamb_best"):
             out[name][target] = {k: analysis.spread([r[target][k] for r in mine]) for k in ("step_ratio",
                                                                                             "time_ratio")}
+        gen = [r["generalisation"] for r in mine if "generalisation" in r]
+        if gen:
+            out[name]["generalisation"] = {k: analysis.spread([g[k] for g in gen])
+                                           for k in ("train_lead", "gap_lead", "heldout_lead", "train_below_share")}
+            lead = out[name]["generalisation"]["heldout_lead"]["mean"]
+            # the share of the mean lead, not the mean of per-seed shares (a seed with a small lead would swing it)
+            out[name]["generalisation"]["gap_share_of_mean_lead"] = (
+                out[name]["generalisation"]["gap_lead"]["mean"] / lead if lead > 0 else None)
     return out
 
 
@@ -101,7 +135,25 @@ def report(result: dict[str, Any]) -> str:
         lines.append(f"{name}: final {s['final']['mean']} (±{s['final']['std']}); time to LAMB's final "
                      f"{final['mean']} (±{final['std']}, {final['missing']} never), to LAMB's best {best['mean']} "
                      f"(±{best['std']}, {best['missing']} never)")
+        gen = s.get("generalisation")
+        if gen:
+            lines.append(f"{name}, training part evaluated with dropout off, against LAMB: held-out lead "
+                         f"{gen['heldout_lead']['mean']:.3f} = training-loss lead {gen['train_lead']['mean']:.3f} "
+                         f"(±{gen['train_lead']['std'] or 0:.3f}) + smaller held-out-minus-training gap "
+                         f"{gen['gap_lead']['mean']:.3f} (±{gen['gap_lead']['std'] or 0:.3f}); share from the gap "
+                         f"{_share(gen['gap_share_of_mean_lead'], train_lead=gen['train_lead']['mean'])}; its "
+                         f"training loss below LAMB's at "
+                         f"{gen['train_below_share']['mean']:.0%} of the evaluations")
     return "\n".join(lines)
+
+
+def _share(value: float | None, *, train_lead: float) -> str:
+    """The gap's share of a held-out lead, in words where a percentage would mislead."""
+    if value is None:
+        return "n/a (no held-out lead)"
+    if train_lead < 0:  # e.g. 1015% of a 0.02 lead: the gap makes up for a higher training loss, and then some
+        return "all of it (the training loss is higher than LAMB's; the smaller gap outweighs it)"
+    return f"{value:.0%}"
 
 
 def ablation(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], damping: float, vocab: Path,

@@ -62,8 +62,20 @@ def plot_train_heldout(records: dict[str, list[dict[str, Any]]], *, title: str, 
                     ax.plot(record[key]["steps"], record[key]["values"], color=color, ls=style, alpha=0.8,
                             lw=1.2 if key == "curve" else 1,
                             label=f"{LABELS.get(name, name)}: {what}" if i == 0 else None)
-    ax.set(xlabel="optimizer step", ylabel="MLM loss", ylim=(4.5, 8))
+    ax.set(xlabel="optimizer step", ylabel="MLM loss",
+           ylim=loss_range([record[key]["values"] for runs in records.values() for record in runs
+                            for key, _, _ in lines if key in record]))
     _save(fig, ax, title=title, fontsize=10, out=out)
+
+
+def loss_range(curves: list[list[float]], *, ceiling: float = 8.0, margin: float = 0.1) -> tuple[float, float]:
+    """The y range of a loss plot: down to the lowest point of every curve (a fixed floor cut off BERT-mini's
+    dropout-off training curves, the ones that tell optimisation from generalisation), up to ``ceiling`` at most
+    (the first steps' losses of ~10 would flatten the rest)."""
+    values = [v for curve in curves for v in curve]
+    if not values:
+        return 0.0, ceiling
+    return min(values) - margin, min(ceiling, max(values) + margin)
 
 
 def plot_curves(records: dict[str, list[dict[str, Any]]], *, title: str, ylabel: str, out: Path) -> None:

@@ -15,11 +15,14 @@ evaluates a fixed sample of the training part without dropout (into ``same_day_t
 were made on one boot of one machine (``boot_id``); otherwise each record another boot made (or a failed one) is
 run again, beside the one this boot already made.
 
+``--replot`` trains nothing: it rewrites the report, the JSON and the plot from the pair records already there.
+
 ``--tuned`` pairs LAMB's final run with the *tuned* K-FAC's final run instead (``<regime>/same_day_tuned/``,
 ``tuned_same_day.json``): the ``defaults`` study's tuned rows reuse LAMB's records from whatever boot made them, and
 a tuned K-FAC record made on this boot (``<regime>/final/kfac_seed*.json``) is taken into its pair, so only LAMB
-trains again. ``--model-size``/``--results``/``--work`` as in ``python -m benchmarks.convergence`` (BERT-mini:
-``--model-size mini --results benchmarks/results/convergence/mini``).
+trains again. LAMB's run is the same in both kinds of pair: its record from the other kind's folder, made on this
+boot, is taken in too. ``--model-size``/``--results``/``--work`` as in ``python -m benchmarks.convergence``
+(BERT-mini: ``--model-size mini --results benchmarks/results/convergence/mini``).
 """
 
 from __future__ import annotations
@@ -112,6 +115,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tuned", action="store_true",
                    help="pair LAMB with the tuned K-FAC's final run (chosen.json's kfac) instead of the defaults; "
                         "a tuned record made on this boot is taken from <regime>/final/")
+    p.add_argument("--replot", action="store_true",
+                   help="train nothing: rewrite the printed report, the JSON and the plot from the pair records "
+                        "already in the folder, whatever boot made them (after the report or the plot changed)")
     p.add_argument("--model-size", choices=["tiny", "mini", "base"],
                    help="override the regime's model, as `python -m benchmarks.convergence --model-size`")
     p.add_argument("--results", type=Path, help="the study's results folder (default: the shipped results)")
@@ -143,22 +149,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         specs = tuple(dataclasses.replace(spec, lamb_shape=shape)
                       for spec in pair_specs(regime=regime, chosen=chosen, seed=seed, tuned=args.tuned))
         paths = [folder / f"{spec.name}.json" for spec in specs]
+        if args.replot:
+            missing = [path for path in paths if not path.is_file()]
+            if missing:
+                p.error(f"--replot: {missing[0]} is missing; run without --replot to train it")
+            lamb.append(json.loads(paths[0].read_text()))
+            kfac.append(json.loads(paths[1].read_text()))
+            continue
         info = machine()
         if args.tuned:
             adopt_this_boot(out / "final" / paths[1].name, paths[1], boot=info.get("boot_id"))
+        # LAMB's run is the same in the defaults pair and the tuned pair: one this boot made for either serves both
+        twin = out / (stem if args.tuned else f"{stem}_tuned")
+        adopt_this_boot(twin / paths[0].name, paths[0], boot=info.get("boot_id"))
         keep_this_boot(paths, boot=info.get("boot_id"))
         done = [run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=work, record=path, machine=info,
                     also_on_train=args.eval_train) for spec, path in zip(specs, paths)]
         lamb.append(done[0])
         kfac.append(done[1])
     rows = ablation.seed_rows(lamb, {variant: kfac})
+    report_path = out / f"{variant}_{stem}.json"
+    # a replotted report keeps the machine its pairs were trained on
+    where = (json.loads(report_path.read_text())["machine"] if args.replot and report_path.is_file()
+             else machine())
     what = "the tuned K-FAC's final run" if args.tuned else "K-FAC at the library defaults (LAMB's lr and warmup)"
     result = {"note": f"per seed, LAMB's final run and {what} trained back to back on one machine boot",
               "regime": regime.name, "model_size": regime.model_size, "seeds": args.seeds, "lamb": lamb_chosen,
               "tuned_kfac": chosen.get("kfac") if args.tuned else None,
               "lamb_shape": shape or shipped_lamb_shape(), "rows": rows,
-              "summary": ablation.summarise(rows), "machine": machine()}
-    (out / f"{variant}_{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+              "summary": ablation.summarise(rows), "machine": where}
+    report_path.write_text(json.dumps(result, indent=1) + "\n")
     kfac_lr = f"lr {chosen['kfac']['lr']}, LAMB's {lamb_chosen['lr']}" if args.tuned else "LAMB's lr"
     plot_train_heldout({"lamb": lamb, variant: kfac}, out=out / f"{variant}_{stem}_train_heldout.png",
                        title=f"{regime.name} regime (BERT-{regime.model_size}), report part: LAMB vs "

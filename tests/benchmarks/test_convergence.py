@@ -569,6 +569,40 @@ def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> Non
     assert summarise(never)["kfac"]["to_lamb_final"]["time_ratio"]["missing"] == 1
 
 
+def test_a_held_out_lead_is_split_into_faster_optimisation_and_a_smaller_generalisation_gap() -> None:
+    """Item 2e: with the training part evaluated (dropout off), the report says how much of K-FAC's held-out lead is
+    a lower training loss and how much a smaller held-out-minus-training gap (it was added up by hand before)."""
+    from benchmarks.convergence.ablation import report, seed_rows, summarise
+
+    def record(seed: int, heldout: list[float], train: list[float] | None) -> dict[str, Any]:
+        steps = [10.0, 20.0, 30.0]
+        return {"spec": {"seed": seed, "steps": 30}, "train_seconds": 30.0, "final": heldout[-1],
+                "curve": {"steps": steps, "seconds": steps, "values": heldout},
+                **({"train_eval_curve": {"steps": steps, "seconds": steps, "values": train}} if train else {})}
+
+    # seed 1: LAMB 5.5 held-out over 3.8 training; K-FAC 5.0 over 4.0: lead 0.5 = -0.2 training + 0.7 gap
+    # seed 2: K-FAC leads by 0.3, all of it a lower training loss (equal gaps of 1.0)
+    lamb = [record(1, [7.0, 6.0, 5.5], [6.0, 4.5, 3.8]), record(2, [7.0, 6.0, 5.5], [6.0, 5.0, 4.5])]
+    kfac = [record(1, [6.5, 5.5, 5.0], [5.5, 4.6, 4.0]), record(2, [6.5, 5.5, 5.2], [5.5, 5.1, 4.2])]
+    rows = seed_rows(lamb, {"kfac": kfac})
+    one, two = (r["generalisation"] for r in rows)
+    assert one["train_lead"] == pytest.approx(-0.2) and one["gap_lead"] == pytest.approx(0.7)
+    assert one["heldout_lead"] == pytest.approx(0.5) and one["gap_share"] == pytest.approx(1.4)
+    assert one["train_below_share"] == pytest.approx(1 / 3)  # below LAMB's only at step 10
+    assert two["gap_lead"] == pytest.approx(0.0) and two["gap_share"] == pytest.approx(0.0)
+    assert two["train_below_share"] == pytest.approx(2 / 3)
+    summary = summarise(rows)["kfac"]["generalisation"]
+    assert summary["gap_share_of_mean_lead"] == pytest.approx(0.35 / 0.4)  # mean gap lead over mean held-out lead
+    assert "share from the gap 88%" in report({"rows": rows, "summary": summarise(rows)})
+    # a higher training loss with a held-out lead: the gap is all of it, not "1015%" of a 0.02 lead
+    behind = seed_rows([lamb[0]], {"kfac": [record(1, [6.5, 5.5, 5.48], [5.5, 4.6, 4.1])]})
+    assert "all of it (the training loss is higher" in report({"rows": behind, "summary": summarise(behind)})
+    # without the training part's evaluations (either run) there is nothing to split, and the report says nothing
+    plain = seed_rows([record(1, [7.0, 6.0, 5.5], None)], {"kfac": [kfac[0]]})
+    assert "generalisation" not in plain[0] and "generalisation" not in summarise(plain)["kfac"]
+    assert "dropout off" not in report({"rows": plain, "summary": summarise(plain)})
+
+
 def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypatch: pytest.MonkeyPatch) -> None:
     """A defaults run's section is ``{"enabled": true}`` whatever the defaults are, so its key must carry the
     library's defaults themselves: otherwise a record made at the old defaults is reused as if made at the new
@@ -698,6 +732,92 @@ def test_same_day_at_the_tuned_lamb_shape_trains_both_optimizers_at_it_into_thei
                for _, _, cfg in ran)
     assert ran[1][2]["kfac"] == {"enabled": True}
     assert result["lamb_shape"] == {"weight_decay": 0.1} and (out / "defaults_same_day_lamb_shape.json").is_file()
+
+
+def test_the_training_beside_held_out_plot_shows_every_curve_down_to_its_lowest_point(tmp_path: Path) -> None:
+    """BERT-mini's dropout-off training curves end at 4.26-4.33, below the plot's old fixed floor of 4.5: the curves
+    that tell optimisation from generalisation were cut off where they differ."""
+    from benchmarks.convergence.plots import loss_range, plot_train_heldout
+
+    low, high = loss_range([[10.3, 6.0, 4.47], [7.1, 5.0, 4.26]])
+    assert low < 4.26 and high == 8.0
+    assert loss_range([[6.0, 5.5]]) == pytest.approx((5.4, 6.1))  # all below the ceiling: no empty band above
+    steps = [10.0, 20.0, 30.0]
+    record = {"spec": {"seed": 1}, "curve": {"steps": steps, "seconds": steps, "values": [7.0, 5.5, 5.2]},
+              "train_eval_curve": {"steps": steps, "seconds": steps, "values": [6.9, 4.8, 4.26]}}
+    plot_train_heldout({"lamb": [record]}, title="t", out=tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_boot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LAMB's final run is the same in the defaults pair and the tuned pair (--eval-train too): after one kind of
+    pair ran, the other trains only its K-FAC run on the same boot; a LAMB record from another boot is not taken."""
+    from benchmarks.convergence import same_day
+
+    out = tmp_path / "large"
+    (out / "same_day_train_eval_tuned").mkdir(parents=True)
+    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
+    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
+    monkeypatch.setattr(same_day, "plot_train_heldout", lambda *a, **k: None)
+    monkeypatch.setattr(same_day, "machine", lambda: {"boot_id": "now"})
+    seen: list[tuple[str, float | None]] = []
+
+    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, machine: dict[str, Any],
+                 **_: Any) -> dict[str, Any]:
+        old = json.loads(record.read_text()) if record.is_file() else None
+        seen.append((spec.name, old and old["final"]))
+        new = old or {"spec": spec.key(), "final": 5.0, "train_seconds": 1.0, "error": None, "machine": machine,
+                      "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.0]}}
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(new))
+        return dict(new)
+
+    monkeypatch.setattr(same_day, "run", fake_run)
+    twin = out / "same_day_train_eval_tuned" / "lamb_seed1.json"
+    def lamb_record(boot: str) -> str:
+        return json.dumps({"spec": {"seed": 1, "steps": 1}, "final": 5.25, "train_seconds": 1.0, "error": None,
+                           "machine": {"boot_id": boot}, "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.25]}})
+
+    twin.write_text(lamb_record("before"))
+    same_day.main(["--regime", "large", "--seeds", "1", "--eval-train"])
+    assert seen == [("lamb_seed1", None), ("defaults_seed1", None)]  # another boot's LAMB: trained here
+    (out / "same_day_train_eval" / "lamb_seed1.json").unlink()
+    (out / "same_day_train_eval" / "defaults_seed1.json").unlink()
+    twin.write_text(lamb_record("now"))
+    seen.clear()
+    same_day.main(["--regime", "large", "--seeds", "1", "--eval-train"])
+    assert seen == [("lamb_seed1", 5.25), ("defaults_seed1", None)]  # this boot's twin offered to `run` for reuse
+
+
+def test_replot_rewrites_the_report_from_the_pair_records_without_training(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Records from an earlier boot are kept by --replot (a normal call would train them again), the report gains
+    what the code now computes from them, and the machine it names stays the one the pairs ran on."""
+    from benchmarks.convergence import same_day
+
+    out = tmp_path / "small"
+    folder = out / "same_day_train_eval"
+    folder.mkdir(parents=True)
+    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
+    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
+    monkeypatch.setattr(same_day, "run", lambda *a, **k: pytest.fail("--replot trained a run"))
+    with pytest.raises(SystemExit):
+        same_day.main(["--regime", "small", "--seeds", "1", "--eval-train", "--replot"])
+    assert str(folder / "lamb_seed1.json") in capsys.readouterr().err
+    steps = [10.0, 20.0]
+    for name, heldout, train in (("lamb", [6.0, 5.5], [5.0, 4.0]), ("defaults", [5.8, 5.1], [5.1, 4.1])):
+        (folder / f"{name}_seed1.json").write_text(json.dumps(
+            {"spec": {"seed": 1, "steps": 20}, "final": heldout[-1], "train_seconds": 20.0, "error": None,
+             "machine": {"boot_id": "before"}, "curve": {"steps": steps, "seconds": steps, "values": heldout},
+             "train_eval_curve": {"steps": steps, "seconds": steps, "values": train}}))
+    (out / "defaults_same_day_train_eval.json").write_text(json.dumps({"machine": {"boot_id": "before"}}))
+    result = same_day.main(["--regime", "small", "--seeds", "1", "--eval-train", "--replot"])
+    assert result["rows"][0]["generalisation"]["gap_lead"] == pytest.approx(0.5)
+    assert result["machine"] == {"boot_id": "before"}
+    assert (folder / "lamb_seed1.json").is_file() and (out / "defaults_same_day_train_eval_train_heldout.png").is_file()
 
 
 @REAL_DATA
