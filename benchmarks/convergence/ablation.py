@@ -111,12 +111,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                                                             "time_ratio")}
         gen = [r["generalisation"] for r in mine if "generalisation" in r]
         if gen:
-            out[name]["generalisation"] = {k: analysis.spread([g[k] for g in gen])
-                                           for k in ("train_lead", "gap_lead", "heldout_lead", "train_below_share")}
-            lead = out[name]["generalisation"]["heldout_lead"]["mean"]
+            split: dict[str, Any] = {k: analysis.spread([g[k] for g in gen])
+                                     for k in ("train_lead", "gap_lead", "heldout_lead", "train_below_share")}
+            lead = split["heldout_lead"]["mean"]
             # the share of the mean lead, not the mean of per-seed shares (a seed with a small lead would swing it)
-            out[name]["generalisation"]["gap_share_of_mean_lead"] = (
-                out[name]["generalisation"]["gap_lead"]["mean"] / lead if lead > 0 else None)
+            split["gap_share_of_mean_lead"] = split["gap_lead"]["mean"] / lead if lead > 0 else None
+            out[name]["generalisation"] = split
     return out
 
 

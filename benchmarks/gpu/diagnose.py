@@ -129,12 +129,6 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
     original = eff.measure
     allowed = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     for inv_dtype, align, reduced in EFFECTIVENESS_CASES:
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
-        args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25)
-        args.inv_dtype = inv_dtype
-        run = StepCostRun(args, ctx.device)
-        if align is not None:
-            run.kfac.grouped.align = align
         figures: dict[str, Any] = {}
 
         def recording(*a: Any, into: dict[str, Any] = figures, **k: Any) -> Any:
@@ -144,7 +138,13 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
             return got
 
         eff.measure = recording  # type: ignore[assignment]
-        try:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
+        try:  # the setting is restored even when building the run fails (e.g. out of memory)
+            args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25)
+            args.inv_dtype = inv_dtype
+            run = StepCostRun(args, ctx.device)
+            if align is not None:
+                run.kfac.grouped.align = align
             for _ in range(2):
                 run.round(["decomposition"])
         finally:

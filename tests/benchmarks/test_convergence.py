@@ -776,6 +776,7 @@ def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_
 
     monkeypatch.setattr(same_day, "run", fake_run)
     twin = out / "same_day_train_eval_tuned" / "lamb_seed1.json"
+
     def lamb_record(boot: str) -> str:
         return json.dumps({"spec": {"seed": 1, "steps": 1}, "final": 5.25, "train_seconds": 1.0, "error": None,
                            "machine": {"boot_id": boot}, "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.25]}})
