@@ -230,9 +230,11 @@ def measured(settings: dict[str, Any]) -> str:
     return (f"BERT-{settings.get('model', '?')} pretrained for {steps} phase-1 steps{until} "
             f"({settings.get('phase1_seq_length', 128)} tokens) and {settings.get('phase2_steps', '?')} phase-2 steps "
             f"(512 tokens) on {settings.get('ranks', '?')} ranks on {corpus}, then fine-tuned on SQuAD-style "
-            "questions; one seed. 'Held-out MLM' is the masked-LM loss on the corpus documents held out of training "
-            f"(phase 1), evaluated every {settings.get('eval_every', '?')} steps and at the end; 'training s' are the "
-            "summed optimizer-step seconds (evaluation and checkpointing excluded), interpolated between evaluations "
-            "where a curve crosses LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases "
-            "(start-up, evaluation and saving included). One seed on a small model: the convergence study's three "
-            "seeds per regime are the evidence (benchmarks/README.md#convergence); nothing here measures BERT-Large.")
+            f"questions; seed {settings.get('seed', '?')}. 'Held-out MLM' is the masked-LM loss on the corpus "
+            "documents held out of training (phase 1), evaluated every "
+            f"{settings.get('eval_every', '?')} steps and at the end; 'training s' are the summed optimizer-step "
+            "seconds (evaluation and checkpointing excluded), interpolated between evaluations where a curve crosses "
+            "LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases (start-up, evaluation "
+            "and saving included). One seed on a small model: `python -m benchmarks.mission_seeds` puts several "
+            "seeds' reports side by side, and the convergence study's three seeds per regime are the evidence "
+            "(benchmarks/README.md#convergence); nothing here measures BERT-Large.")

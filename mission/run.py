@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -158,6 +159,19 @@ def until_lamb_final(args: argparse.Namespace, out: Path, *, suffix: str) -> lis
     return ["--stop-at-heldout", repr(float(target))]
 
 
+
+def report_settings(args: argparse.Namespace, *, squad: str) -> dict[str, Any]:
+    """What the report says it ran: every setting that changes a figure, the seed included (runs of several seeds
+    are told apart and summarised by ``python -m benchmarks.mission_seeds``)."""
+    return {"model": args.model_size, "phase1_steps": args.phase1_steps, "phase1_seq_length": args.phase1_seq_length,
+            "kfac_until_lamb_final": not args.kfac_full_run, "phase2_steps": args.phase2_steps, "ranks": args.ranks,
+            "eval_every": args.eval_every, "seed": args.seed,
+            "data": " ".join(map(str, args.data)) if args.data else "built-in",
+            "vocab": str(args.vocab or "trained on the corpus"), "squad": squad,
+            "lamb_phase1_config": phase_config(args, phase=1, suffix=""),
+            "kfac_phase1_config": phase_config(args, phase=1, suffix="_kfac")}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -220,16 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             inputs=[record.token(f"{root.name}/phase2"), squad_digest, file_digest([in_repo(args.squad_config)])])
         bar.update()
     bar.close()
-    report = write_report(out, runs, seconds, {"model": args.model_size, "phase1_steps": args.phase1_steps,
-                                               "phase1_seq_length": args.phase1_seq_length,
-                                               "kfac_until_lamb_final": not args.kfac_full_run,
-                                               "phase2_steps": args.phase2_steps, "ranks": args.ranks,
-                                               "eval_every": args.eval_every,
-                                               "data": " ".join(map(str, args.data)) if args.data else "built-in",
-                                               "vocab": str(args.vocab or "trained on the corpus"),
-                                               "squad": f"{squad_train} / {squad_eval}",
-                                               "lamb_phase1_config": phase_config(args, phase=1, suffix=""),
-                                               "kfac_phase1_config": phase_config(args, phase=1, suffix="_kfac")},
+    report = write_report(out, runs, seconds, report_settings(args, squad=f"{squad_train} / {squad_eval}"),
                           warnings=warnings)
     print(f"main job done: report at {report} and {out / 'report.json'} (plots: {out / 'heldout_curves.png'}, "
           f"{out / 'loss_curves.png'}; logs: {out}/*/*.log)")

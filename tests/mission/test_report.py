@@ -192,3 +192,18 @@ def test_a_lamb_whose_loss_rose_late_is_also_measured_against_its_best(tmp_path:
     _fake_run(other / "kfac", loss=3.4, f1=50.0, before=6.0, heldout=[4.0, 3.4])  # reaches 3.5, never 3.2
     write_report(other, {"LAMB": runs["LAMB"], "LAMB + K-FAC": other / "kfac"}, {}, {"model": "tiny"})
     assert "**LAMB + K-FAC never reached its best.**" in (other / "report.md").read_text()
+
+
+def test_report_names_its_seed(tmp_path: Path) -> None:
+    """A report once said "one seed" without saying which, so reports of several seeds could not be told apart."""
+    runs = {"LAMB": tmp_path / "lamb"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0)
+    report = write_report(tmp_path, runs, {"LAMB": {}}, {"model": "tiny", "seed": 7})
+    assert "seed 7" in report.read_text()
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["seed"] == 7
+
+
+def test_report_settings_carry_the_seed() -> None:
+    from mission.run import report_settings
+
+    assert report_settings(parse_args(["--seed", "3"]), squad="t / e")["seed"] == 3
