@@ -19,6 +19,7 @@ from typing import Any
 from benchmarks.convergence.analysis import spread
 from benchmarks.harness.output import table, write_json
 
+RATIOS = ("time_ratio_to_lamb_final", "step_ratio_to_lamb_final", "time_ratio_to_lamb_best")  # None: never reached
 PER_RUN = ("squad",)  # settings that name files inside each run's own folder
 COLUMNS = ("seed", "lamb_final", "kfac_final", "kfac_minus_lamb", "time_ratio_to_lamb_final",
            "step_ratio_to_lamb_final", "time_ratio_to_lamb_best", "cost_per_step", "squad_f1_lamb", "squad_f1_kfac")
@@ -39,9 +40,9 @@ def seed_row(report: dict[str, Any]) -> dict[str, Any]:
                             v.get("phase1_steps") else None for v in (lamb, kfac))
     return {"seed": report["settings"]["seed"], "lamb_final": lamb["final_heldout_mlm"],
             "kfac_final": kfac["final_heldout_mlm"],
-            "kfac_minus_lamb": kfac["final_heldout_mlm"] - lamb["final_heldout_mlm"],
-            **{k: kfac.get(k) for k in ("time_ratio_to_lamb_final", "step_ratio_to_lamb_final",
-                                        "time_ratio_to_lamb_best")},
+            "kfac_minus_lamb": kfac["final_heldout_mlm"] - lamb["final_heldout_mlm"]
+            if kfac["final_heldout_mlm"] is not None and lamb["final_heldout_mlm"] is not None else None,
+            **{k: kfac.get(k) for k in RATIOS},
             "cost_per_step": kfac_step / lamb_step if kfac_step and lamb_step else None,
             "squad_f1_lamb": lamb.get("squad_f1"), "squad_f1_kfac": kfac.get("squad_f1")}
 
@@ -66,7 +67,7 @@ def summarise(folders: Sequence[Path]) -> dict[str, Any]:
         seen[settings["seed"]] = folder
     rows = sorted((seed_row(r) for r in reports.values()), key=lambda r: r["seed"])
     spreads = {c: spread([r[c] for r in rows]) for c in COLUMNS[1:]}
-    for ratio in ("time_ratio_to_lamb_final", "step_ratio_to_lamb_final", "time_ratio_to_lamb_best"):
+    for ratio in RATIOS:
         if spreads[ratio]["missing"]:
             spreads[ratio].update(mean=None, std=None)
     reached = sum(r["time_ratio_to_lamb_final"] is not None for r in rows)
@@ -79,8 +80,7 @@ def summarise(folders: Sequence[Path]) -> dict[str, Any]:
 
 def markdown(summary: dict[str, Any]) -> str:
     """The per-seed table (never for a ratio not reached) and a mean ± sd row."""
-    rows = [{k: ("never" if v is None and k.endswith(("_final", "_best")) else v) for k, v in r.items()}
-            for r in summary["seeds"]]
+    rows = [{k: ("never" if v is None and k in RATIOS else v) for k, v in r.items()} for r in summary["seeds"]]
     means = {"seed": "mean ± sd"}
     for c, s in summary["spread"].items():
         means[c] = ("—" if s["mean"] is None else f"{s['mean']:.4g}" if s["std"] is None

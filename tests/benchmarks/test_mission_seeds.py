@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.mission_seeds import main, summarise
+from benchmarks.mission_seeds import main, markdown, summarise
 
 SETTINGS = {"model": "tiny", "phase1_steps": 4, "data": "built-in"}
 
@@ -90,3 +90,16 @@ def test_main_writes_table_json_and_plot(tmp_path: Path, capsys: pytest.CaptureF
     assert json.loads((tmp_path / "out" / "seeds.json").read_text())["reached_lamb_final"] == "0 of 2"
     assert (tmp_path / "out" / "seeds_heldout.png").stat().st_size > 10_000
     assert "0 of 2" in capsys.readouterr().out
+
+
+def test_a_run_without_a_held_out_loss_is_shown_as_missing_not_as_never(tmp_path: Path) -> None:
+    """A K-FAC run that recorded no held-out loss (killed before its first evaluation) once raised a TypeError."""
+    folder = _report(tmp_path / "s0", seed=0, lamb_final=2.0, kfac_final=2.5, to_final=None)
+    data = json.loads((folder / "report.json").read_text())
+    data["variants"]["kfac"]["final_heldout_mlm"] = None
+    (folder / "report.json").write_text(json.dumps(data))
+    out = summarise([folder])
+    assert out["seeds"][0]["kfac_minus_lamb"] is None and out["spread"]["kfac_minus_lamb"]["missing"] == 1
+    row = next(line for line in markdown(out).splitlines() if line.startswith("| 0 |"))
+    assert row.split("|")[3].strip() == ""  # kfac_final: blank, while the ratios say never
+    assert row.split("|")[5].strip() == "never"
