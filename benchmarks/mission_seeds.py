@@ -20,7 +20,8 @@ from benchmarks.convergence.analysis import spread
 from benchmarks.harness.output import table, write_json
 
 RATIOS = ("time_ratio_to_lamb_final", "step_ratio_to_lamb_final", "time_ratio_to_lamb_best")  # None: never reached
-PER_RUN = ("squad",)  # settings that name files inside each run's own folder
+# settings that may differ between the runs: the seed, and the SQuAD files inside each run's own folder
+NOT_COMPARED = ("seed", "squad")
 COLUMNS = ("seed", "lamb_final", "kfac_final", "kfac_minus_lamb", "time_ratio_to_lamb_final",
            "step_ratio_to_lamb_final", "time_ratio_to_lamb_best", "cost_per_step", "squad_f1_lamb", "squad_f1_kfac")
 
@@ -58,7 +59,7 @@ def summarise(folders: Sequence[Path]) -> dict[str, Any]:
         if "seed" not in settings:
             raise ValueError(f"{folder}/report.json does not record its seed (made before reports named it): "
                              "run that seed's `python -m mission` again")
-        for key in sorted((set(first) | set(settings)) - {"seed", *PER_RUN}):
+        for key in sorted((set(first) | set(settings)) - set(NOT_COMPARED)):
             if settings.get(key) != first.get(key):
                 raise ValueError(f"setting {key!r} differs: {first.get(key)!r} in {folders[0]}, "
                                  f"{settings.get(key)!r} in {folder}; summarise runs that differ only by seed")
@@ -71,7 +72,7 @@ def summarise(folders: Sequence[Path]) -> dict[str, Any]:
         if spreads[ratio]["missing"]:
             spreads[ratio].update(mean=None, std=None)
     reached = sum(r["time_ratio_to_lamb_final"] is not None for r in rows)
-    return {"settings": {k: v for k, v in first.items() if k not in ("seed", *PER_RUN)},
+    return {"settings": {k: v for k, v in first.items() if k not in NOT_COMPARED},
             "runs": [str(f) for f in folders], "seeds": rows, "spread": spreads,
             "reached_lamb_final": f"{reached} of {len(rows)}",
             "heldout_curves": {r["settings"]["seed"]: {name: v["heldout_curve"] for name, v in r["variants"].items()}
@@ -123,7 +124,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("runs", type=Path, nargs="+", help="output folders of `python -m mission --seed N`")
     p.add_argument("--out", type=Path, required=True, help="where seeds.md, seeds.json and seeds_heldout.png go")
     args = p.parse_args(argv)
-    summary = summarise(args.runs)
+    try:
+        summary = summarise(args.runs)
+    except ValueError as e:  # runs that cannot be put side by side: a usage error, not a traceback
+        p.error(str(e))
     text = markdown(summary)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "seeds.md").write_text(text)

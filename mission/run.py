@@ -159,7 +159,6 @@ def until_lamb_final(args: argparse.Namespace, out: Path, *, suffix: str) -> lis
     return ["--stop-at-heldout", repr(float(target))]
 
 
-
 def report_settings(args: argparse.Namespace, *, squad: str) -> dict[str, Any]:
     """What the report says it ran: every setting that changes a figure, the seed included (runs of several seeds
     are told apart and summarised by ``python -m benchmarks.mission_seeds``)."""

@@ -103,3 +103,12 @@ def test_a_run_without_a_held_out_loss_is_shown_as_missing_not_as_never(tmp_path
     row = next(line for line in markdown(out).splitlines() if line.startswith("| 0 |"))
     assert row.split("|")[3].strip() == ""  # kfac_final: blank, while the ratios say never
     assert row.split("|")[5].strip() == "never"
+
+
+def test_the_command_refuses_mismatched_runs_with_a_usage_error(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    runs = [_report(tmp_path / d, seed=0, lamb_final=2.0, kfac_final=2.5, to_final=None) for d in ("a", "b")]
+    with pytest.raises(SystemExit) as exit_info:
+        main([*map(str, runs), "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and "seed 0 twice" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
