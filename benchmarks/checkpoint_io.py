@@ -40,7 +40,7 @@ from benchmarks.harness.memory import MB, peak_rss_bytes, reset_peak_rss, rss_by
 from benchmarks.harness.options import DTYPE_NAMES
 from benchmarks.harness.output import publish, table
 from benchmarks.harness.processes import spawn
-from kaisa_ds.config import DTYPES
+from kaisa_ds.enums import DTYPES
 
 HIDDEN, INTER, LAYERS = 1024, 4096, 24
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.schedules import AUTO, AUTO_INV_STEPS_RANGE
 
 logger = logging.getLogger(__name__)
 
@@ -22,18 +23,22 @@ WHAT = {"factor_update_steps": "the factors are gathered", "inv_update_steps": "
 def interval_warnings(config: Mapping[str, Any], *, steps: int, source: str) -> list[str]:
     """One message per K-FAC interval of ``config`` (a DeepSpeed config dict) at least as long as the run's
     ``steps``; each is also logged. ``source`` names the config or phase in the messages. No kfac section, or
-    ``enabled: false``: nothing to check. Non-integer values (HF ``"auto"``, schedules) are left to kaisa_ds."""
+    ``enabled: false``: nothing to check. ``inv_update_steps`` ``"auto"`` is checked at its longest (the batch
+    sets it, 10 to 50 steps); other non-integer values (schedules) are left to kaisa_ds."""
     kfac = config.get("kfac")
     if not isinstance(kfac, Mapping) or kfac.get("enabled", True) is False:
         return []
     messages = []
     defaults = KFACConfig()  # what a section that leaves an interval out gets
     for key, what in WHAT.items():
-        every = kfac.get(key, getattr(defaults, key))
+        every = shown = kfac.get(key, getattr(defaults, key))
+        if every == AUTO:
+            every = AUTO_INV_STEPS_RANGE[1]
+            shown = f"'auto' (up to {every} steps by the batch)"
         if isinstance(every, bool) or not isinstance(every, int) or every < steps:
             continue
         given = "" if key in kfac else " (the library's default)"
-        messages.append(f"{source}: kfac.{key} {every}{given} is not shorter than the run's {steps} steps, so "
+        messages.append(f"{source}: kfac.{key} {shown}{given} is not shorter than the run's {steps} steps, so "
                         f"{what} only at its first step and that one update serves all {steps} steps; set "
                         f"kfac.{key} to at most {max(1, steps // 3)} for a few updates in this run (or run more steps)")
     for message in messages:

@@ -10,34 +10,32 @@ from typing import Any
 
 import torch
 
-from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, LossReduction, parse_enum
-from kaisa_ds.schedules import SCHEDULED, ScheduleLike, check_range, evaluate, schedule_from_spec
+from kaisa_ds.enums import (
+    ComputeMethod,
+    DampingMode,
+    DistributedStrategy,
+    LossReduction,
+    damping_conflict,
+    parse_dtype,
+    parse_enum,
+    parse_share,
+)
+from kaisa_ds.schedules import (
+    AUTO,
+    SCHEDULED,
+    ScheduleLike,
+    auto_inv_update_steps,
+    check_range,
+    evaluate,
+    schedule_from_spec,
+)
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
-}
-STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 GradWorkerFraction = float | DistributedStrategy | str
 # Relative damping in force when no damping option is given: γ = 100 × each layer's mean eigenvalue of A ⊗ G. The
 # convergence study's tuned absolute dampings, measured on BERT-tiny's tune part, are relative ~95 (large batch,
 # 1e-6) and ~6e4 (small batch, 1e-4) as medians over layers (benchmarks/results/damping_scale.json).
 DEFAULT_RELATIVE_DAMPING = 100.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
-
-def parse_dtype(value: torch.dtype | str | None, *, name: str, allow_none: bool = False) -> torch.dtype | None:
-    """A torch dtype from a dtype or its name (``fp16``, ``bfloat16``, ...)."""
-    if value is None and allow_none:
-        return None
-    if isinstance(value, torch.dtype) and value in STORAGE_DTYPES:
-        return value
-    if isinstance(value, str) and value.lower().removeprefix("torch.") in DTYPES:
-        return DTYPES[value.lower().removeprefix("torch.")]
-    raise ValueError(f"{name}={value!r} is not valid; allowed values: fp32, fp16, bf16, fp64" +
-                     (" or None" if allow_none else ""))
-
 
 @dataclass(frozen=True)
 class Damping:
@@ -57,14 +55,6 @@ class Damping:
         return f"damping={self.value:g} (absolute)"
 
 
-def _share(name: str, value: Any, of_what: str) -> float:
-    """A share in (0, 1] as a float; ValueError naming ``name`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name}={value!r} is not valid; allowed: a number in (0, 1] (the share {of_what}; "
-                         "1 = all, exact)")
-    return float(value)
-
-
 @dataclass
 class KFACConfig:
     """Every K-FAC option, validated once at construction (a bad value raises ValueError naming the option and
@@ -78,7 +68,9 @@ class KFACConfig:
 
     Args:
         factor_update_steps: steps between factor updates (statistics captured and folded into the running average).
-        inv_update_steps: steps between decompositions of the factors (eigendecompositions or damped inverses).
+        inv_update_steps: steps between decompositions of the factors (eigendecompositions or damped inverses);
+            ``"auto"``: set once from the statistic rows a factor update takes in (10 to 50 steps: longer for small,
+            noisy batches; :func:`~kaisa_ds.schedules.auto_inv_update_steps`).
         damping: absolute damping ``γ``, added to the eigenvalues of ``A ⊗ G`` (eigen) or to each factor's diagonal
             (inverse) as given; None: relative damping.
         relative_damping: damping as a multiple of each layer's mean eigenvalue of ``A ⊗ G``, so scaling the loss
@@ -110,7 +102,7 @@ class KFACConfig:
     """
 
     factor_update_steps: ScheduleLike = 5  # 5 / 50: benchmarks/results/convergence/defaults_rule.md says how chosen
-    inv_update_steps: ScheduleLike = 50
+    inv_update_steps: ScheduleLike | str = AUTO  # defaults_rule_3.md: 50 at 2,048 rows per update, 10 at 8,192
     damping: ScheduleLike | None = None  # absolute; None: see relative_damping
     relative_damping: ScheduleLike | None = None
     damping_mode: DampingMode | str | None = None  # None: absolute when damping is given, else relative
@@ -165,9 +157,9 @@ class KFACConfig:
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
-        self.factor_sample_fraction = _share("factor_sample_fraction", self.factor_sample_fraction,
+        self.factor_sample_fraction = parse_share("factor_sample_fraction", self.factor_sample_fraction,
                                              "of tokens whose statistics feed the factors")
-        self.factor_pass_fraction = _share("factor_pass_fraction", self.factor_pass_fraction,
+        self.factor_pass_fraction = parse_share("factor_pass_fraction", self.factor_pass_fraction,
                                            "of an accumulation window's backward passes whose statistics feed the "
                                            "factors")
         limit = self.max_decomposition_failures
@@ -176,9 +168,12 @@ class KFACConfig:
                              "consecutive failed decompositions of one factor after which training stops)")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
+        if isinstance(self.inv_update_steps, str) and self.inv_update_steps != AUTO:
+            raise ValueError(f"inv_update_steps={self.inv_update_steps!r} is not valid; allowed: 'auto' (set from "
+                             "the batch), an integer >= 1, or a schedule")
         for name in SCHEDULED:
             raw = getattr(self, name)
-            if not callable(raw):
+            if not callable(raw) and raw != AUTO:
                 check_range(name, raw)
 
     @staticmethod
@@ -201,9 +196,28 @@ class KFACConfig:
             name: a scheduled option (``damping``, ``lr``, ``inv_update_steps``, ...).
             step: the K-FAC step the value is for.
         """
+        if getattr(self, name) == AUTO:
+            raise ValueError(f"{name} is 'auto': it is known once the batch is (inv_update_steps_at)")
         raw = evaluate(getattr(self, name), step)
         checked = check_range(name, raw)
         return int(checked) if name.endswith("_steps") and checked is not None else checked
+
+    @property
+    def auto_interval(self) -> bool:
+        """Whether ``inv_update_steps`` is ``"auto"`` (set by the statistic rows per factor update)."""
+        return self.inv_update_steps == AUTO
+
+    def inv_update_steps_at(self, step: int, *, rows: int | None) -> int:
+        """The decomposition interval in force at a step: the value given, or the ``"auto"`` interval for
+        ``rows`` statistic rows per factor update (None, not known yet: its ceiling).
+
+        Args:
+            step: the K-FAC step the interval is for.
+            rows: statistic rows one factor update takes in over every rank (ignored unless ``"auto"``).
+        """
+        if not self.auto_interval:
+            return int(self.value("inv_update_steps", step))
+        return auto_inv_update_steps(rows=rows, factor_update_steps=self.value("factor_update_steps", step))
 
     @property
     def mode(self) -> DampingMode:
@@ -266,6 +280,8 @@ class KFACConfig:
         for key, val in section.items():
             if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val is not None:
                 val = schedule_from_spec(val, name=f"kfac.{key}")
+            elif key == "inv_update_steps" and isinstance(val, str):  # "auto"; other words: the field says why
+                pass
             elif key in ("factor_update_steps", "inv_update_steps"):
                 val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)
             elif key == "skip_layers" and not (
@@ -280,21 +296,3 @@ class KFACConfig:
             text = str(exc)
             lead = re.match(r"\w+", text)
             raise ValueError(f"kfac.{text}" if lead and lead.group() in names else f"kfac: {text}") from exc
-
-
-def damping_conflict(damping: Any, relative: Any, mode: Any, *, prefix: str) -> str | None:
-    """Why the damping options given contradict each other (None when they do not); names ``prefix + key``."""
-    if damping is not None and relative is not None:
-        return (f"{prefix}damping and {prefix}relative_damping are both given: {prefix}damping is absolute, "
-                f"{prefix}relative_damping is relative to each layer's curvature scale; keep one of them")
-    try:
-        parsed = parse_enum(DampingMode, mode, name="damping_mode") if mode else None
-    except ValueError:
-        parsed = None  # not a mode at all: the field's own check names it
-    if parsed is DampingMode.RELATIVE and damping is not None:
-        return (f"{prefix}damping_mode='relative' with {prefix}damping given ({prefix}damping is absolute): give "
-                f"{prefix}relative_damping instead, or drop {prefix}damping_mode")
-    if parsed is DampingMode.ABSOLUTE and relative is not None:
-        return (f"{prefix}damping_mode='absolute' with {prefix}relative_damping given: give {prefix}damping "
-                f"instead, or drop {prefix}damping_mode")
-    return None

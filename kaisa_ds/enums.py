@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import torch
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -85,3 +87,50 @@ def parse_enum(enum_cls: type[E], value: E | str, *, name: str) -> E:
                 return member
     choices = ", ".join(repr(m.value) for m in enum_cls)
     raise ValueError(f"{name}={value!r} is not valid; allowed values: {choices}")
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
+}
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def parse_dtype(value: torch.dtype | str | None, *, name: str, allow_none: bool = False) -> torch.dtype | None:
+    """A torch dtype from a dtype or its name (``fp16``, ``bfloat16``, ...)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, torch.dtype) and value in STORAGE_DTYPES:
+        return value
+    if isinstance(value, str) and value.lower().removeprefix("torch.") in DTYPES:
+        return DTYPES[value.lower().removeprefix("torch.")]
+    raise ValueError(f"{name}={value!r} is not valid; allowed values: fp32, fp16, bf16, fp64" +
+                     (" or None" if allow_none else ""))
+
+
+def damping_conflict(damping: Any, relative: Any, mode: Any, *, prefix: str) -> str | None:
+    """Why the damping options given contradict each other (None when they do not); names ``prefix + key``."""
+    if damping is not None and relative is not None:
+        return (f"{prefix}damping and {prefix}relative_damping are both given: {prefix}damping is absolute, "
+                f"{prefix}relative_damping is relative to each layer's curvature scale; keep one of them")
+    try:
+        parsed = parse_enum(DampingMode, mode, name="damping_mode") if mode else None
+    except ValueError:
+        parsed = None  # not a mode at all: the field's own check names it
+    if parsed is DampingMode.RELATIVE and damping is not None:
+        return (f"{prefix}damping_mode='relative' with {prefix}damping given ({prefix}damping is absolute): give "
+                f"{prefix}relative_damping instead, or drop {prefix}damping_mode")
+    if parsed is DampingMode.ABSOLUTE and relative is not None:
+        return (f"{prefix}damping_mode='absolute' with {prefix}relative_damping given: give {prefix}damping "
+                f"instead, or drop {prefix}damping_mode")
+    return None
+
+
+def parse_share(name: str, value: Any, of_what: str) -> float:
+    """A share in (0, 1] as a float; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name}={value!r} is not valid; allowed: a number in (0, 1] (the share {of_what}; "
+                         "1 = all, exact)")
+    return float(value)

@@ -53,8 +53,8 @@ class KFACPreconditioner:
         options: :class:`~kaisa_ds.config.KFACConfig` fields as keywords; they override ``config``'s.
 
     Read, never assign: ``config``, ``steps`` (K-FAC steps taken), ``skipped_windows``, ``layers``, ``structure``,
-    ``decompositions``, ``world``, ``rank``, ``grad_workers``; :meth:`load_state_dict`, :meth:`drop_window` and
-    :meth:`use_decompositions` are the ways to change them.
+    ``decompositions``, ``world``, ``rank``, ``grad_workers``, ``statistic_rows``; :meth:`load_state_dict`,
+    :meth:`drop_window` and :meth:`use_decompositions` are the ways to change them.
     """
 
     def __init__(self, model: nn.Module, *, config: KFACConfig | None = None,
@@ -73,6 +73,7 @@ class KFACPreconditioner:
         self.skipped_windows = 0
         self.decompositions: dict[str, Decomposition] = {}
         self.needs_decomposition = False  # a loaded state lacked some decompositions
+        self.statistic_rows: int | None = None  # rows per factor update over every rank ("auto" interval)
         self.structure: LayerStructure | None = None
         self.grouped = GroupedPreconditioner(eigen=self.config.method is ComputeMethod.EIGEN)
         self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
@@ -195,6 +196,12 @@ class KFACPreconditioner:
             self._apply(outcome)
 
     def _apply(self, outcome: StepOutcome) -> None:
+        if outcome.statistic_rows is not None:
+            self.statistic_rows = outcome.statistic_rows
+            if self.config.auto_interval and self.rank == 0:
+                logger.info("K-FAC: %d statistic rows per factor update: decompositions every %d steps "
+                            "(inv_update_steps 'auto')", self.statistic_rows,
+                            self.config.inv_update_steps_at(self.steps, rows=self.statistic_rows))
         for kind, sent in outcome.comm_bytes.items():
             self.comm_bytes[kind] = self.comm_bytes.get(kind, 0) + sent
         if outcome.dropped:
@@ -280,4 +287,5 @@ class KFACPreconditioner:
             self._install(restored.structure)
             self.needs_decomposition = restored.needs_decomposition
         self.steps, self.skipped_windows = restored.steps, restored.skipped_windows
+        self.statistic_rows = restored.statistic_rows
         self.watermark = GradWatermark()

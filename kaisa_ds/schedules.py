@@ -21,6 +21,10 @@ SCHEDULED: dict[str, tuple[float, float, bool]] = {
     "factor_update_steps": (1, math.inf, True),
     "inv_update_steps": (1, math.inf, True),
 }
+AUTO = "auto"  # ``inv_update_steps="auto"``: the interval the statistic rows per factor update set
+# benchmarks/results/convergence/defaults_rule_3.md says how these were chosen (on the study's tune parts)
+AUTO_ROWS_PER_DECOMPOSITION = 20_000  # new statistic rows a decomposition waits for
+AUTO_INV_STEPS_RANGE = (10, 50)  # floor (decomposition cost) and ceiling (staleness) of the "auto" interval
 _RANGE_TEXT = {
     "damping": "> 0", "relative_damping": "> 0", "factor_decay": "in [0, 1)", "kl_clip": "> 0 (or None to disable)",
     "lr": ">= 0",
@@ -101,6 +105,24 @@ def schedule_from_spec(spec: Any, *, name: str, integer: bool = False) -> Schedu
     raise ValueError(
         f"{name} must be a number or a schedule object {{'initial', 'milestones', 'factor'}}, got {spec!r}"
     )
+
+
+def auto_inv_update_steps(*, rows: int | None, factor_update_steps: int) -> int:
+    """The ``"auto"`` decomposition interval: enough factor updates that a decomposition follows about
+    :data:`AUTO_ROWS_PER_DECOMPOSITION` new statistic rows (``rows`` per update, over every rank), within
+    :data:`AUTO_INV_STEPS_RANGE` and never below ``factor_update_steps``. A small batch's factors are noisy, so its
+    decompositions wait longer; a large batch's are refreshed sooner, while the model is still moving. ``rows``
+    None (not known yet): the ceiling.
+
+    Args:
+        rows: statistic rows (tokens × accumulated passes × ranks, after sampling) one factor update takes in.
+        factor_update_steps: steps between factor updates.
+    """
+    low, high = AUTO_INV_STEPS_RANGE
+    if rows is None or rows <= 0:
+        return max(high, factor_update_steps)
+    updates = max(1, round(AUTO_ROWS_PER_DECOMPOSITION / rows))
+    return max(factor_update_steps, min(high, max(low, factor_update_steps * updates)))
 
 
 def evaluate(value: ScheduleLike | None, step: int) -> Scalar | None:

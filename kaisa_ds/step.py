@@ -20,6 +20,7 @@ from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
+from kaisa_ds.distributed.collectives import sum_over_ranks
 from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark
 from kaisa_ds.precondition import effectiveness
@@ -61,6 +62,9 @@ class StepOwner(Protocol):
     def needs_decomposition(self) -> bool: ...
 
     @property
+    def statistic_rows(self) -> int | None: ...
+
+    @property
     def grouped(self) -> GroupedPreconditioner: ...
 
     @property
@@ -90,6 +94,7 @@ class StepOutcome:
     dropped: bool = False  # a non-finite window was dropped on every rank and the gradients left alone
     decompositions: Decompositions | None = None  # every decomposition in force after a refresh (None: unchanged)
     comm_bytes: dict[str, int] = field(default_factory=dict)  # bytes this rank sent, per kind of collective
+    statistic_rows: int | None = None  # rows one factor update took in over every rank, first measured this step
 
 
 def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
@@ -101,6 +106,15 @@ def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torc
     keeps the average exact, and keeps every rank's bucket layout identical.
     """
     return p.window_reducer().finish(s.factors())
+
+
+def measure_rows(p: StepOwner, s: LayerStructure) -> int | None:
+    """The statistic rows this window took in over every rank (the largest over the factors: a model's token
+    rows, not its pooler's), for the ``"auto"`` decomposition interval; None when no rank captured any. One
+    all-reduce: called on every rank at the same factor-update step (the first, while the rows are unknown)."""
+    local = max((f.window_rows for f in s.factors().values()), default=0)
+    device = next(iter(s.layers.values())).helper.weight.device
+    return sum_over_ranks(local, device=device) or None
 
 
 def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
@@ -238,8 +252,11 @@ def run_step(p: StepOwner) -> StepOutcome | None:
                            "precond.step() (the step counter and the statistics are unchanged)")
     outcome = StepOutcome()
     window: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+    rows = p.statistic_rows
     with timer.stage("factor_reduction"):
         if step % p.config.value("factor_update_steps", step) == 0:
+            if rows is None and p.config.auto_interval:
+                rows = outcome.statistic_rows = measure_rows(p, s)
             window, outcome.comm_bytes["factor_allreduce"] = reduce_window(p, s)
     checked = [t for pair in window.values() for t in pair if t is not None]
     if not all_finite(checked + list(grads.values())):
@@ -251,7 +268,7 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         factors[name].commit(stat, decay, stat_scale)
     p.discard_window()
     decs = p.decompositions
-    if step % p.config.value("inv_update_steps", step) == 0 or p.needs_decomposition:
+    if step % p.config.inv_update_steps_at(step, rows=rows) == 0 or p.needs_decomposition:
         with timer.stage("decomposition"):
             decs, sent = update_decompositions(p, s)
         outcome.decompositions = decs

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kaisa_ds.config import DTYPES
-from kaisa_ds.enums import DistributedStrategy
+from kaisa_ds.enums import DTYPES, DistributedStrategy
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16")  # what dtype flags accept; each a name in kaisa_ds.config.DTYPES
 # KAISA's names in tables and flags, in the order the benchmarks run them

@@ -11,7 +11,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.harness.timing import median, timed
-from kaisa_ds.config import DTYPES
+from kaisa_ds.enums import DTYPES
 from kaisa_ds.plan.bert_sizes import SIZES
 
 

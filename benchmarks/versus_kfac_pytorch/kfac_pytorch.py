@@ -18,7 +18,7 @@ from benchmarks.versus_kfac_pytorch.settings import (
     KL_CLIP,
     STAGE_NAMES,
 )
-from kaisa_ds.config import DTYPES
+from kaisa_ds.enums import DTYPES
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.timing import StageTimer
 

@@ -58,6 +58,7 @@ class Restored:
 
     steps: int
     skipped_windows: int
+    statistic_rows: int | None  # rows per factor update ("auto" interval); None: measured again
     candidates: dict[str, KFACLayer] | None  # fresh layers holding the saved factors; None: saved before any step
     structure: LayerStructure | None  # the saved layers' structure at this world size
     decompositions: dict[str, Decomposition]  # of the factors this rank holds
@@ -70,7 +71,8 @@ def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
     diagonal = {ly.a.name: ly.a.diagonal for ly in p.candidates.values()}
     method = p.config.method
     dropped = validate_state(state, discovered=p.discovered_info, diagonal=diagonal, method=method)
-    counters = {"steps": int(state["steps"]), "skipped_windows": int(state["skipped_windows"])}
+    counters: dict[str, Any] = {"steps": int(state["steps"]), "skipped_windows": int(state["skipped_windows"]),
+                                "statistic_rows": state.get("statistic_rows")}
     if state["layers"] is None:
         return Restored(**counters, candidates=None, structure=None, decompositions={}, needs_decomposition=False)
     saved = state["layers"]

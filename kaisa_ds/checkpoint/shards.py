@@ -141,6 +141,7 @@ def assemble(folder: Path, meta: dict[str, Any], *, decompositions: Callable[[st
     ``decompositions(name)`` selects; tensors stay memory-mapped (nothing is copied here)."""
     state: dict[str, Any] = {k: meta[k] for k in ("version", "steps", "skipped_windows", "discovered", "layers",
                                                   "compute_method")}
+    state["statistic_rows"] = meta.get("statistic_rows")  # absent in metas written before it
     state["factors"], state["decompositions"] = {}, {}
     for name in meta["shards"]:
         shard = _open(folder / name)

@@ -49,6 +49,9 @@ class StateOwner(Protocol):
     def skipped_windows(self) -> int: ...
 
     @property
+    def statistic_rows(self) -> int | None: ...
+
+    @property
     def structure(self) -> LayerStructure | None: ...
 
     @property
@@ -95,6 +98,7 @@ def state_header(p: StateOwner) -> dict[str, Any]:
         "discovered": p.discovered_info,
         "layers": layer_info(s.layers) if s is not None else None,
         "compute_method": p.config.method.value,  # a string in the file: the format is unchanged
+        "statistic_rows": p.statistic_rows,  # optional: states saved before it resolve "auto" again
     }
 
 
@@ -165,6 +169,9 @@ def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagona
     if missing:
         raise ValueError(f"K-FAC state lacks the key(s) {missing}; it is truncated or not from kaisa_ds")
     check_same_model(discovered, state["discovered"])
+    rows = state.get("statistic_rows")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"K-FAC state: statistic_rows={rows!r}, expected a positive integer or null (corrupt?)")
     if state["layers"] is None:
         return []
     dims = _factor_dims(state["layers"])

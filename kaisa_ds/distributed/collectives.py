@@ -44,6 +44,15 @@ def on_any_rank(flags: dict[str, bool], *, device: torch.device) -> set[str]:
     return {n for n, on in zip(flags, tensor.tolist()) if on > 0}
 
 
+def sum_over_ranks(value: int, *, device: torch.device) -> int:
+    """``value`` summed over every rank (one all-reduce; every rank must call it)."""
+    if world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor)
+    return int(tensor.item())
+
+
 def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[int]]:
     buckets: list[list[int]] = [[]]
     size = 0

@@ -58,6 +58,11 @@ class KroneckerFactor:
         return self._window.passes
 
     @property
+    def window_rows(self) -> int:
+        """Statistic rows (samples or tokens) added to the open window so far, over its passes."""
+        return self._window.count
+
+    @property
     def has_window(self) -> bool:
         return self._window.sum is not None
 

@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--factor-dtype", help="fp32, fp16 or bf16")
     k.add_argument("--inv-dtype", help="fp32, bf16 or fp16")
     k.add_argument("--factor-update-steps", type=int)
-    k.add_argument("--inv-update-steps", type=int)
+    k.add_argument("--inv-update-steps", type=_interval, help="an integer, or 'auto' (the default: set by the "
+                   "statistic rows per factor update)")
     k.add_argument("--compute-method", help="eigen or inverse")
     k.add_argument("--symmetry-aware", action=argparse.BooleanOptionalAction, default=None)
     k.add_argument("--factor-sample-fraction", type=float)
@@ -91,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--network-gbps", type=float, help="per-rank bandwidth, to count the collectives' time")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return p
+
+
+def _interval(text: str) -> int | str:
+    """``--inv-update-steps``: ``auto`` or an integer."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor an integer") from None
 
 
 def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None) -> KFACConfig:
@@ -190,11 +201,12 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def render(plan: dict[str, Any]) -> str:
     """The plan as text tables (MiB and KiB)."""
     k = plan["kfac"]
+    auto = f" (auto: {plan['statistic_rows']} statistic rows per update)" if plan.get("inv_update_steps_auto") else ""
     lines = [f"K-FAC plan: BERT {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, world "
              f"{plan['world']}, {plan['strategy']} ({plan['grad_workers']} gradient workers per layer), micro-batch "
              f"{plan['micro_batch']}x{plan['seq']} x{plan['passes']} passes; factors every "
-             f"{plan['factor_update_steps']}, decompositions every {plan['inv_update_steps']} steps; factor_dtype "
-             f"{k['factor_dtype']}, inv_dtype {k['inv_dtype']}, {k['compute_method']}, symmetry_aware "
+             f"{plan['factor_update_steps']}, decompositions every {plan['inv_update_steps']} steps{auto}; "
+             f"factor_dtype {k['factor_dtype']}, inv_dtype {k['inv_dtype']}, {k['compute_method']}, symmetry_aware "
              f"{k['symmetry_aware']}", "", "memory per rank (MiB)     busiest rank      mean"]
     mem = plan["memory_bytes"]
     for part in MEMORY_PARTS:

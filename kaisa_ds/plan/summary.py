@@ -36,7 +36,7 @@ def _max_mean(values: list[float]) -> dict[str, float]:
     return {"max": max(values), "mean": sum(values) / len(values)}
 
 
-def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig) -> dict[str, Any]:
+def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig, *, inv_every: int) -> dict[str, Any]:
     """Payload bytes per rank of each collective on each kind of step, and amortised over one period."""
     per_rank = payload_per_rank(
         factors={n: (f.dim, f.diagonal) for n, f in shapes.factors.items()},
@@ -44,7 +44,7 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig) -> dict[str,
         inverse_worker=a.inverse_worker, unit_group=a.unit_group, world=a.world, grad_workers=a.grad_workers,
         symmetric=statistics_packed(config), method=config.method,
         stat_bytes=element_size(statistics_dtype(config)), inv_bytes=element_size(config.inv_dtype))  # type: ignore[arg-type]
-    period, counts = step_counts(config.value("factor_update_steps", 0), config.value("inv_update_steps", 0))
+    period, counts = step_counts(config.value("factor_update_steps", 0), inv_every)
     kinds = {k.name: k for k in STEP_KINDS if k.name in counts}
     by_kind: dict[str, dict[str, dict[str, float]]] = {}
     for name, kind in kinds.items():
@@ -108,12 +108,15 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
     mem = memory_per_rank(shapes, a, config)
     worst = max(mem, key=lambda m: m.total)
     bal = balance(shapes, a)
-    plan_traffic = traffic(shapes, a, config)
+    rows = round(micro_batch * seq * config.factor_sample_fraction  # statistic rows per factor update, all ranks
+                 * kept_passes(config.factor_pass_fraction, passes)) * world
+    inv_every = config.inv_update_steps_at(0, rows=rows)
+    plan_traffic = traffic(shapes, a, config, inv_every=inv_every)
     return {
         "world": world, "grad_workers": g, "strategy": strategy_name(world, g),
         "layers": len(shapes.layers), "factors": len(shapes.factors), "micro_batch": micro_batch, "seq": seq,
         "passes": passes, "factor_update_steps": config.value("factor_update_steps", 0),
-        "inv_update_steps": config.value("inv_update_steps", 0),
+        "inv_update_steps": inv_every, "inv_update_steps_auto": config.auto_interval, "statistic_rows": rows,
         "memory_bytes_per_rank": worst.total,
         "memory_bytes": {"max_rank": {p: getattr(worst, p) for p in MEMORY_PARTS},
                          "mean": {p: sum(getattr(m, p) for m in mem) / world for p in MEMORY_PARTS},

@@ -123,3 +123,16 @@ def test_bad_damping_options_name_the_argument_and_the_config_key(kwargs: dict, 
         KFACConfig(**kwargs)
     with pytest.raises(ValueError, match=key):
         KFACConfig.from_dict(kwargs)
+
+
+def test_inv_update_steps_takes_auto_and_refuses_other_words_by_key() -> None:
+    assert KFACConfig.from_dict({"inv_update_steps": "auto"}).auto_interval
+    assert not KFACConfig.from_dict({"inv_update_steps": 50}).auto_interval
+    with pytest.raises(ValueError, match=r"^kfac\.inv_update_steps='automatic' is not valid; allowed: 'auto'"):
+        KFACConfig.from_dict({"inv_update_steps": "automatic"})
+    with pytest.raises(ValueError, match="inv_update_steps='often'"):
+        KFACConfig(inv_update_steps="often")
+    with pytest.raises(ValueError, match="inv_update_steps is 'auto'"):  # a number only once the batch is known
+        KFACConfig(inv_update_steps="auto").value("inv_update_steps", 0)
+    assert KFACConfig(inv_update_steps=7).inv_update_steps_at(3, rows=8192) == 7
+    assert KFACConfig(inv_update_steps="auto").inv_update_steps_at(3, rows=8192) == 10

@@ -70,8 +70,9 @@ def test_the_main_jobs_phase_configs_fit_their_default_phase_lengths(caplog: pyt
         config = json.loads((REPO / mission_run.phase_config(args, phase=phase, suffix="_kfac")).read_text())
         assert interval_warnings(config, steps=steps, source=f"phase {phase}") == []
         section = {k: v for k, v in config["kfac"].items() if k != "enabled"}
-        inv = KFACConfig.from_dict(section).inv_update_steps  # the library's default where the section is silent
-        assert isinstance(inv, int) and steps // inv >= 2, (phase, inv)  # several decompositions per phase
+        # the library's default where the section is silent ("auto": its longest, before the batch is known)
+        inv = KFACConfig.from_dict(section).inv_update_steps_at(0, rows=None)
+        assert steps // inv >= 2, (phase, inv)  # several decompositions per phase  # several decompositions per phase
 
 
 def test_interval_warnings_name_the_key_and_the_fix() -> None:
@@ -89,10 +90,9 @@ def test_a_section_that_leaves_the_intervals_out_is_checked_at_the_librarys_defa
     the defaults' 50-step decomposition interval ran under one decomposition without a word."""
     from bert_pretrain.intervals import interval_warnings
 
-    inv = KFACConfig().inv_update_steps
-    assert isinstance(inv, int)
+    inv = KFACConfig().inv_update_steps_at(0, rows=None)  # "auto" before the batch is known: its longest
     (warning,) = interval_warnings({"kfac": {"enabled": True}}, steps=inv, source="x")
-    assert f"kfac.inv_update_steps {inv} (the library's default)" in warning
+    assert f"kfac.inv_update_steps 'auto' (up to {inv} steps by the batch) (the library's default)" in warning
     assert interval_warnings({"kfac": {"enabled": True}}, steps=inv + 1, source="x") == []
 
 

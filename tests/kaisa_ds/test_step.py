@@ -1,0 +1,126 @@
+"""The step's decomposition schedule: the default ``inv_update_steps="auto"`` is set by the statistic rows a factor
+update takes in over every rank, agreed by the ranks and kept across a checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from kaisa_ds import KFACPreconditioner
+from kaisa_ds.checkpoint.shards import load_shards, save_shards
+from kaisa_ds.schedules import auto_inv_update_steps
+from tests.support.launch import run_distributed
+from tests.support.training import train_steps
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def _batches(rows: int, steps: int, *, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 4, generator=g), torch.randn(rows, 3, generator=g)) for _ in range(steps)]
+
+
+def decomposition_steps(precond: KFACPreconditioner, model: nn.Module,
+                        batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    """The steps at which the preconditioner refreshed its decompositions (a refresh swaps in a new dict)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen, refreshed = precond.decompositions, []
+    for step, batch in enumerate(batches, start=precond.steps):
+        train_steps(model, precond, opt, [batch])
+        if precond.decompositions is not seen:
+            refreshed.append(step)
+            seen = precond.decompositions
+    return refreshed
+
+
+@pytest.mark.parametrize(("rows", "every"), [(2048, 50), (8192, 10), (6144, 15), (10**6, 10), (100, 50)])
+def test_auto_interval_waits_for_about_20000_new_rows(rows: int, every: int) -> None:
+    assert auto_inv_update_steps(rows=rows, factor_update_steps=5) == every
+
+
+def test_auto_interval_before_the_rows_are_known_and_with_other_factor_intervals() -> None:
+    assert auto_inv_update_steps(rows=None, factor_update_steps=5) == 50
+    assert auto_inv_update_steps(rows=2048, factor_update_steps=1) == 10  # 10 updates of 2048 rows, as at 5 steps
+    assert auto_inv_update_steps(rows=2048, factor_update_steps=100) == 100  # never more often than the factors
+
+
+def test_the_default_interval_follows_the_batch() -> None:
+    """The library's default decomposed every 50 steps whatever the batch; at 8192 rows per update it is 10."""
+    large, small = _model(), _model()
+    large_pre, small_pre = KFACPreconditioner(large), KFACPreconditioner(small)
+    assert decomposition_steps(large_pre, large, _batches(8192, 21)) == [0, 10, 20]
+    assert decomposition_steps(small_pre, small, _batches(2048, 51)) == [0, 50]
+    assert (large_pre.statistic_rows, small_pre.statistic_rows) == (8192, 2048)
+
+
+def test_sampled_rows_count_as_the_rows_the_factors_take_in() -> None:
+    model = _model()
+    precond = KFACPreconditioner(model, factor_sample_fraction=0.5)
+    assert decomposition_steps(precond, model, _batches(8192, 26)) == [0, 25]  # 4096 rows: 25 steps, not 10
+    assert precond.statistic_rows == 4096
+
+
+def test_a_given_interval_is_kept_whatever_the_batch() -> None:
+    model = _model()
+    precond = KFACPreconditioner(model, inv_update_steps=7)
+    assert decomposition_steps(precond, model, _batches(8192, 15)) == [0, 7, 14]
+    assert precond.statistic_rows is None  # nothing measured when the interval is given
+
+
+def test_the_measured_rows_survive_a_checkpoint_and_an_older_state_measures_them_again() -> None:
+    model = _model()
+    precond = KFACPreconditioner(model)
+    decomposition_steps(precond, model, _batches(8192, 12))
+    state = precond.state_dict()
+    assert state["statistic_rows"] == 8192
+    resumed = KFACPreconditioner(model)
+    resumed.load_state_dict(state)
+    assert resumed.statistic_rows == 8192
+    # resumed at step 12: the next refresh is at step 20, the interval the first run had, whatever the new batch
+    assert decomposition_steps(resumed, model, _batches(2048, 9, seed=2)) == [20]
+    older = {k: v for k, v in state.items() if k != "statistic_rows"}  # saved before the key existed
+    again = KFACPreconditioner(model)
+    again.load_state_dict(older)
+    assert again.statistic_rows is None
+    assert decomposition_steps(again, model, _batches(8192, 9, seed=2)) == [20]
+    assert again.statistic_rows == 8192  # measured at the first factor update after the resume (step 15)
+
+
+def test_the_measured_rows_survive_a_sharded_checkpoint(tmp_path: Path) -> None:
+    model = _model()
+    precond = KFACPreconditioner(model)
+    decomposition_steps(precond, model, _batches(8192, 12))
+    save_shards(precond, tmp_path)
+    resumed = KFACPreconditioner(model)
+    load_shards(resumed, tmp_path)
+    assert resumed.statistic_rows == 8192
+    assert decomposition_steps(resumed, model, _batches(2048, 9, seed=2)) == [20]
+
+
+def test_a_corrupt_row_count_is_refused_by_name() -> None:
+    model = _model()
+    precond = KFACPreconditioner(model)
+    decomposition_steps(precond, model, _batches(64, 1))
+    state = {**precond.state_dict(), "statistic_rows": -3}
+    with pytest.raises(ValueError, match="statistic_rows=-3"):
+        KFACPreconditioner(model).load_state_dict(state)
+
+
+def _ranks_with_different_batches(rank: int, world: int) -> tuple[int | None, list[int]]:
+    model = _model()
+    precond = KFACPreconditioner(model)
+    rows = 4096 if rank == 0 else 2048  # 6144 over both ranks: 15 steps on each, although rank 1 alone would say 50
+    steps = decomposition_steps(precond, model, _batches(rows, 16, seed=rank))
+    return precond.statistic_rows, steps
+
+
+def test_ranks_agree_on_the_rows_of_all_of_them() -> None:
+    (rows0, steps0), (rows1, steps1) = run_distributed(_ranks_with_different_batches, 2)
+    assert rows0 == rows1 == 6144
+    assert steps0 == steps1 == [0, 15]
