@@ -148,22 +148,33 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
     return run_inputs(RunSpec(**spec_fields), regime, parts, vocab=vocab)
 
 
+def reusable(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, record: Path,
+             also_on_train: bool = False) -> dict[str, Any] | None:
+    """``record``'s content when :func:`run` would reuse it: it exists, succeeded and was made with exactly this
+    run's inputs (a failure may have been the machine's, so a failed record is never reused); None otherwise."""
+    if not record.is_file():
+        return None
+    inputs = run_inputs(spec, regime, parts, vocab=vocab)
+    if also_on_train:  # only then: the key of every record made without it stays as it was
+        inputs["also_on_train"] = True
+    old = json.loads(record.read_text())
+    return dict(old) if old.get("error") is None and recorded_inputs(old) == inputs else None
+
+
 def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path, record: Path,
         machine: dict[str, Any], also_on_train: bool = False) -> dict[str, Any]:
     """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds.
     ``also_on_train`` also evaluates a fixed sample of the training part at every evaluation (dropout off, like the
     held-out evaluation): the training loss without dropout's noise, recorded as ``train_eval_curve``."""
-    inputs = run_inputs(spec, regime, parts, vocab=vocab)
-    if also_on_train:  # only then: the key of every record made without it stays as it was
-        inputs["also_on_train"] = True
+    old = reusable(spec, regime, parts, vocab=vocab, record=record, also_on_train=also_on_train)
+    if old is not None:
+        logger.info("%s: recorded in %s; reused", spec.name, record)
+        return old
     if record.is_file():
-        old = json.loads(record.read_text())
-        # a failed record is not reused: the failure may have been the machine's (a killed launcher, a broken
-        # environment), and a diverging run fails again quickly
-        if old.get("error") is None and recorded_inputs(old) == inputs:
-            logger.info("%s: recorded in %s; reused", spec.name, record)
-            return dict(old)
         logger.info("%s: the record in %s was made with other inputs (or failed); running again", spec.name, record)
+    inputs = run_inputs(spec, regime, parts, vocab=vocab)
+    if also_on_train:
+        inputs["also_on_train"] = True
     from mission.jobs import launch
 
     folder = work / spec.regime / spec.eval_part / spec.name

@@ -42,7 +42,7 @@ from benchmarks.convergence.defaults import defaults_spec
 from benchmarks.convergence.parts import write_parts
 from benchmarks.convergence.plots import plot_train_heldout
 from benchmarks.convergence.regimes import REGIMES, Regime, shipped_lamb_shape
-from benchmarks.convergence.runner import RunSpec, final_spec, run
+from benchmarks.convergence.runner import RunSpec, final_spec, reusable, run
 from benchmarks.harness.machine import machine
 
 
@@ -157,12 +157,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             kfac.append(json.loads(paths[1].read_text()))
             continue
         info = machine()
+        # a record made with other inputs (e.g. the library's defaults since changed) trains again, so it pairs
+        # with nothing: once, a LAMB record of an earlier boot stayed as the twin of such a stale K-FAC record and
+        # was timed against the K-FAC run that replaced it on this boot
+        for spec, path in zip(specs, paths):
+            if path.is_file() and reusable(spec, regime, parts, vocab=DEFAULT_VOCAB, record=path,
+                                           also_on_train=args.eval_train) is None:
+                path.unlink()
+        keep_this_boot(paths, boot=info.get("boot_id"))
         if args.tuned:
             adopt_this_boot(out / "final" / paths[1].name, paths[1], boot=info.get("boot_id"))
         # LAMB's run is the same in the defaults pair and the tuned pair: one this boot made for either serves both
         twin = out / (stem if args.tuned else f"{stem}_tuned")
         adopt_this_boot(twin / paths[0].name, paths[0], boot=info.get("boot_id"))
-        keep_this_boot(paths, boot=info.get("boot_id"))
         done = [run(spec, regime, parts, vocab=DEFAULT_VOCAB, work=work, record=path, machine=info,
                     also_on_train=args.eval_train) for spec, path in zip(specs, paths)]
         lamb.append(done[0])

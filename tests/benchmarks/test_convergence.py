@@ -792,6 +792,57 @@ def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_
     assert seen == [("lamb_seed1", 5.25), ("defaults_seed1", None)]  # this boot's twin offered to `run` for reuse
 
 
+def test_a_stale_record_pairs_with_nothing_so_another_boots_lamb_is_not_timed_against_its_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's defaults changed, so an earlier boot's defaults record is stale and trains again here. Its LAMB
+    twin from that boot once stayed (the two had made a whole pair) and was timed against the new K-FAC run: a
+    ratio across boots. LAMB must come from this boot: trained again, or taken from the tuned pair's folder."""
+    from benchmarks.convergence import same_day
+
+    out = tmp_path / "large"
+    pair, twin = out / "same_day", out / "same_day_tuned"
+    twin.mkdir(parents=True)
+    pair.mkdir()
+    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
+    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
+    monkeypatch.setattr(same_day, "plot_train_heldout", lambda *a, **k: None)
+    monkeypatch.setattr(same_day, "machine", lambda: {"boot_id": "now"})
+    # the defaults record was made with other library defaults; every LAMB record with LAMB's own inputs
+    monkeypatch.setattr(same_day, "reusable", lambda spec, *a, record, **k: (
+        None if spec.name.startswith("defaults") else json.loads(record.read_text())))
+    seen: list[tuple[str, float | None]] = []
+
+    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, machine: dict[str, Any],
+                 **_: Any) -> dict[str, Any]:
+        old = json.loads(record.read_text()) if record.is_file() else None
+        seen.append((spec.name, old and old["final"]))
+        new = old or {"spec": spec.key(), "final": 5.0, "train_seconds": 1.0, "error": None, "machine": machine,
+                      "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.0]}}
+        record.write_text(json.dumps(new))
+        return dict(new)
+
+    monkeypatch.setattr(same_day, "run", fake_run)
+
+    def record(final: float, boot: str) -> str:
+        curve = {"steps": [1.0], "seconds": [1.0], "values": [final]}
+        return json.dumps({"spec": {"seed": 1, "steps": 1}, "final": final, "train_seconds": 1.0, "error": None,
+                           "machine": {"boot_id": boot}, "curve": curve})
+
+    def stale_pair_of_an_earlier_boot() -> None:
+        (pair / "lamb_seed1.json").write_text(record(5.25, "before"))
+        (pair / "defaults_seed1.json").write_text(record(5.4, "before"))
+
+    stale_pair_of_an_earlier_boot()
+    same_day.main(["--regime", "large", "--seeds", "1"])
+    assert seen == [("lamb_seed1", None), ("defaults_seed1", None)]  # both train on this boot
+    stale_pair_of_an_earlier_boot()
+    (twin / "lamb_seed1.json").write_text(record(5.1, "now"))
+    seen.clear()
+    same_day.main(["--regime", "large", "--seeds", "1"])
+    assert seen == [("lamb_seed1", 5.1), ("defaults_seed1", None)]  # this boot's LAMB from the tuned pair
+
+
 def test_replot_rewrites_the_report_from_the_pair_records_without_training(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Records from an earlier boot are kept by --replot (a normal call would train them again), the report gains
