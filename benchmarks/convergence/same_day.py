@@ -180,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     where = (json.loads(report_path.read_text())["machine"] if args.replot and report_path.is_file()
              else machine())
     what = "the tuned K-FAC's final run" if args.tuned else "K-FAC at the library defaults (LAMB's lr and warmup)"
-    result = {"note": f"per seed, LAMB's final run and {what} trained back to back on one machine boot",
+    result = {"note": f"per seed, LAMB's final run and {what} trained on one machine boot (LAMB's run may be "
+                      "the other kind of pair's, made on that boot)",
               "regime": regime.name, "model_size": regime.model_size, "seeds": args.seeds, "lamb": lamb_chosen,
               "tuned_kfac": chosen.get("kfac") if args.tuned else None,
               "lamb_shape": shape or shipped_lamb_shape(), "rows": rows,
