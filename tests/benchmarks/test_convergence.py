@@ -749,16 +749,13 @@ def test_the_training_beside_held_out_plot_shows_every_curve_down_to_its_lowest_
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_boot(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """LAMB's final run is the same in the defaults pair and the tuned pair (--eval-train too): after one kind of
-    pair ran, the other trains only its K-FAC run on the same boot; a LAMB record from another boot is not taken."""
+def _fake_same_day(results: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float | None]]:
+    """``same_day`` on ``results/large`` with LAMB's choice, this boot "now", and a ``run`` that trains nothing: it
+    reuses a record that is there (or writes a new one) and notes ``(run name, the final it found)`` in the list."""
     from benchmarks.convergence import same_day
 
-    out = tmp_path / "large"
-    (out / "same_day_train_eval_tuned").mkdir(parents=True)
-    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
-    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
+    (results / "large" / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
+    monkeypatch.setattr(same_day, "shipped_results", lambda: results)
     monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
     monkeypatch.setattr(same_day, "plot_train_heldout", lambda *a, **k: None)
     monkeypatch.setattr(same_day, "machine", lambda: {"boot_id": "now"})
@@ -775,6 +772,18 @@ def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_
         return dict(new)
 
     monkeypatch.setattr(same_day, "run", fake_run)
+    return seen
+
+
+def test_a_defaults_pair_takes_in_lambs_record_from_the_tuned_pair_made_on_this_boot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LAMB's final run is the same in the defaults pair and the tuned pair (--eval-train too): after one kind of
+    pair ran, the other trains only its K-FAC run on the same boot; a LAMB record from another boot is not taken."""
+    from benchmarks.convergence import same_day
+
+    out = tmp_path / "large"
+    (out / "same_day_train_eval_tuned").mkdir(parents=True)
+    seen = _fake_same_day(tmp_path, monkeypatch)
     twin = out / "same_day_train_eval_tuned" / "lamb_seed1.json"
 
     def lamb_record(boot: str) -> str:
@@ -803,26 +812,10 @@ def test_a_stale_record_pairs_with_nothing_so_another_boots_lamb_is_not_timed_ag
     pair, twin = out / "same_day", out / "same_day_tuned"
     twin.mkdir(parents=True)
     pair.mkdir()
-    (out / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.2}}))
-    monkeypatch.setattr(same_day, "shipped_results", lambda: tmp_path)
-    monkeypatch.setattr(same_day, "write_parts", lambda *a, **k: None)
-    monkeypatch.setattr(same_day, "plot_train_heldout", lambda *a, **k: None)
-    monkeypatch.setattr(same_day, "machine", lambda: {"boot_id": "now"})
+    seen = _fake_same_day(tmp_path, monkeypatch)
     # the defaults record was made with other library defaults; every LAMB record with LAMB's own inputs
     monkeypatch.setattr(same_day, "reusable", lambda spec, *a, record, **k: (
         None if spec.name.startswith("defaults") else json.loads(record.read_text())))
-    seen: list[tuple[str, float | None]] = []
-
-    def fake_run(spec: Any, regime: Any, parts: Any, *, record: Path, machine: dict[str, Any],
-                 **_: Any) -> dict[str, Any]:
-        old = json.loads(record.read_text()) if record.is_file() else None
-        seen.append((spec.name, old and old["final"]))
-        new = old or {"spec": spec.key(), "final": 5.0, "train_seconds": 1.0, "error": None, "machine": machine,
-                      "curve": {"steps": [1.0], "seconds": [1.0], "values": [5.0]}}
-        record.write_text(json.dumps(new))
-        return dict(new)
-
-    monkeypatch.setattr(same_day, "run", fake_run)
 
     def record(final: float, boot: str) -> str:
         curve = {"steps": [1.0], "seconds": [1.0], "values": [final]}
