@@ -158,10 +158,10 @@ class KFACConfig:
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
         self.factor_sample_fraction = parse_share("factor_sample_fraction", self.factor_sample_fraction,
-                                             "of tokens whose statistics feed the factors")
+                                                  "of tokens whose statistics feed the factors")
         self.factor_pass_fraction = parse_share("factor_pass_fraction", self.factor_pass_fraction,
-                                           "of an accumulation window's backward passes whose statistics feed the "
-                                           "factors")
+                                                "of an accumulation window's backward passes whose statistics feed "
+                                                "the factors")
         limit = self.max_decomposition_failures
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"max_decomposition_failures={limit!r} is not valid; allowed: an integer >= 1 (the "

@@ -198,7 +198,7 @@ class KFACPreconditioner:
     def _apply(self, outcome: StepOutcome) -> None:
         if outcome.statistic_rows is not None:
             self.statistic_rows = outcome.statistic_rows
-            if self.config.auto_interval and self.rank == 0:
+            if self.rank == 0:  # measured only for inv_update_steps "auto"
                 logger.info("K-FAC: %d statistic rows per factor update: decompositions every %d steps "
                             "(inv_update_steps 'auto')", self.statistic_rows,
                             self.config.inv_update_steps_at(self.steps, rows=self.statistic_rows))

@@ -148,17 +148,28 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
     return run_inputs(RunSpec(**spec_fields), regime, parts, vocab=vocab)
 
 
-def reusable(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, record: Path,
-             also_on_train: bool = False) -> dict[str, Any] | None:
-    """``record``'s content when :func:`run` would reuse it: it exists, succeeded and was made with exactly this
-    run's inputs (a failure may have been the machine's, so a failed record is never reused); None otherwise."""
+def run_key(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, also_on_train: bool) -> dict[str, Any]:
+    """:func:`run_inputs`, plus ``also_on_train`` when set (only then: the key of every record made without it stays
+    as it was)."""
+    inputs = run_inputs(spec, regime, parts, vocab=vocab)
+    if also_on_train:
+        inputs["also_on_train"] = True
+    return inputs
+
+
+def record_for(record: Path, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``record``'s content when it exists, succeeded and was made with exactly ``inputs``; None otherwise (a failure
+    may have been the machine's, a killed launcher or a broken environment, so a failed record is never reused)."""
     if not record.is_file():
         return None
-    inputs = run_inputs(spec, regime, parts, vocab=vocab)
-    if also_on_train:  # only then: the key of every record made without it stays as it was
-        inputs["also_on_train"] = True
     old = json.loads(record.read_text())
     return dict(old) if old.get("error") is None and recorded_inputs(old) == inputs else None
+
+
+def reusable(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, record: Path,
+             also_on_train: bool = False) -> dict[str, Any] | None:
+    """``record``'s content when :func:`run` would reuse it instead of training; None otherwise."""
+    return record_for(record, run_key(spec, regime, parts, vocab=vocab, also_on_train=also_on_train))
 
 
 def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path, record: Path,
@@ -166,15 +177,13 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
     """Train (or reuse the record of) one run; returns its record: settings, held-out curve, wall seconds.
     ``also_on_train`` also evaluates a fixed sample of the training part at every evaluation (dropout off, like the
     held-out evaluation): the training loss without dropout's noise, recorded as ``train_eval_curve``."""
-    old = reusable(spec, regime, parts, vocab=vocab, record=record, also_on_train=also_on_train)
+    inputs = run_key(spec, regime, parts, vocab=vocab, also_on_train=also_on_train)
+    old = record_for(record, inputs)
     if old is not None:
         logger.info("%s: recorded in %s; reused", spec.name, record)
         return old
     if record.is_file():
         logger.info("%s: the record in %s was made with other inputs (or failed); running again", spec.name, record)
-    inputs = run_inputs(spec, regime, parts, vocab=vocab)
-    if also_on_train:
-        inputs["also_on_train"] = True
     from mission.jobs import launch
 
     folder = work / spec.regime / spec.eval_part / spec.name

@@ -42,7 +42,7 @@ class RowSampler:
 
     def indices(self, n: int, *, step: int, pass_index: int, device: torch.device) -> torch.Tensor | None:
         """Sorted row indices to keep of ``n`` rows, or None to keep all."""
-        k = math.ceil(self.fraction * n)
+        k = kept_rows(self.fraction, n)
         if not self.active or k >= n:
             return None
         if step != self._step:
@@ -58,6 +58,11 @@ class RowSampler:
         """The sampled rows of a (samples, features) matrix (``x`` itself at fraction 1)."""
         idx = self.indices(x.shape[0], step=step, pass_index=pass_index, device=x.device)
         return x if idx is None else x.index_select(0, idx)
+
+
+def kept_rows(fraction: float, rows: int) -> int:
+    """How many of a pass's ``rows`` feed the factors at ``factor_sample_fraction``."""
+    return math.ceil(fraction * rows)
 
 
 def kept_passes(fraction: float, passes: int) -> int:

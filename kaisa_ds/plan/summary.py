@@ -8,7 +8,7 @@ from typing import Any
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
 from kaisa_ds.enums import ComputeMethod
-from kaisa_ds.factors.sampling import kept_passes
+from kaisa_ds.factors.sampling import kept_passes, kept_rows
 from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank
 from kaisa_ds.plan.overhead import Rates
@@ -108,8 +108,9 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
     mem = memory_per_rank(shapes, a, config)
     worst = max(mem, key=lambda m: m.total)
     bal = balance(shapes, a)
-    rows = round(micro_batch * seq * config.factor_sample_fraction  # statistic rows per factor update, all ranks
-                 * kept_passes(config.factor_pass_fraction, passes)) * world
+    # statistic rows per factor update over every rank, as the sampler keeps them
+    rows = kept_rows(config.factor_sample_fraction, micro_batch * seq) * kept_passes(config.factor_pass_fraction,
+                                                                                     passes) * world
     inv_every = config.inv_update_steps_at(0, rows=rows)
     plan_traffic = traffic(shapes, a, config, inv_every=inv_every)
     return {

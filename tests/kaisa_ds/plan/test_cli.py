@@ -156,3 +156,26 @@ def test_a_calibrated_step_of_accumulated_passes_is_the_baseline_at_those_passes
     assert json.loads(capsys.readouterr().out)["overhead"]["baseline_step_seconds"] == 2.0
     main(flags)
     assert json.loads(capsys.readouterr().out)["overhead"]["baseline_step_seconds"] != 2.0
+
+
+@pytest.mark.parametrize(("flags", "rows", "every"), [
+    (["--micro-batch", "16", "--seq", "64"], 2048, 50),  # the small regime: 16 × 64 × 2 ranks
+    (["--micro-batch", "32", "--seq", "32", "--passes", "4"], 8192, 10),  # the large one: 4 accumulated passes
+    (["--micro-batch", "3", "--seq", "7", "--factor-sample-fraction", "0.5"], 22, 50),  # ceil(10.5) a pass, as sampled
+])
+def test_the_auto_interval_is_resolved_from_the_plans_batch(flags: list[str], rows: int, every: int,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--model", "tiny", "--world", "2", "--json", *flags])
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["statistic_rows"], plan["inv_update_steps"], plan["inv_update_steps_auto"]) == (rows, every, True)
+    assert plan["traffic"]["period_steps"] == every
+    main(["--model", "tiny", "--world", "2", *flags])
+    assert f"decompositions every {every} steps (auto: {rows} statistic rows per update)" in capsys.readouterr().out
+    main(["--model", "tiny", "--world", "2", "--json", "--inv-update-steps", "7", *flags])
+    assert json.loads(capsys.readouterr().out)["inv_update_steps"] == 7
+
+
+def test_a_word_other_than_auto_for_the_interval_is_refused_by_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", "--world", "2", "--inv-update-steps", "often"])
+    assert "--inv-update-steps" in capsys.readouterr().err
