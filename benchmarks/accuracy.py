@@ -89,7 +89,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         batches = [random_batch(args.batch, args.seq, vocab_size, "cpu", seed=i)
                    for i in range(args.windows * args.passes)]
     windows = [batches[w * args.passes:(w + 1) * args.passes] for w in range(args.windows)]
-    model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq)
+    device = torch.device(args.device)
+    model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq).to(device)
     settings = {v: parse_variant(v) for v in args.variants}
     preconds = {v: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
                                       kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=tokens,
@@ -104,7 +105,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for window, passes in enumerate(tqdm(windows, desc="windows", unit="window")):
         model.zero_grad(set_to_none=True)
         for batch in passes:
-            (pretraining_loss(model, batch) / len(passes)).backward()
+            on_device = {k: v.to(device) for k, v in batch.items()}
+            (pretraining_loss(model, on_device) / len(passes)).backward()
         raw = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         for f, precond in preconds.items():
             for n, p in model.named_parameters():  # every preconditioner sees the same raw gradient
@@ -200,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--max-unk-rate", type=float, default=MAX_UNK_RATE,
                    help="largest share of [UNK] tokens --text may have under --vocab (default: %(default)s)")
     p.add_argument("--threads", type=int, help="torch threads")
+    p.add_argument("--device", default="cpu", help="where the model and the preconditioners run, e.g. cuda "
+                   "(default: %(default)s; the times are then host-side, not synchronised)")
     args = p.parse_args(argv)
     try:
         parsed = [parse_variant(v) for v in args.variants]

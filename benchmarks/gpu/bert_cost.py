@@ -74,7 +74,8 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         size="tiny" if smoke else "large", dtype=dtype, batch=batch, seq=16 if smoke else 128,
         vocab=300 if smoke else 30522, lr=6e-3, factor_every=2 if smoke else k["factor_every"],
         inv_every=4 if smoke else k["inv_every"], factor_dtype=k["factor_dtype"], sample_fraction=sample_fraction,
-        compute_method=method, inv_dtype=k["inv_dtype"], repeats=1 if smoke else ctx.args.repeats,
+        compute_method=method, inv_dtype=getattr(ctx.args, "inv_dtype", None) or k["inv_dtype"],
+        repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
@@ -223,7 +224,8 @@ def run(ctx: Context) -> dict[str, Any]:
             free()
         s = res["settings"]
         out["runs"].append({
-            **conf, "method": conf["method"].value, "model": s["size"], "seq": s["seq"], "batch": batch,
+            **conf, "method": conf["method"].value, "inv_dtype": s["inv_dtype"], "model": s["size"], "seq": s["seq"],
+            "batch": batch,
             "accumulation": passes, "optimizer": s["optimizer"], "baseline_step_s": res["baseline"]["step_s"],
             "overhead": res["amortised"]["overhead"], "stage_overhead": res["amortised"]["stage_overhead"],
             "overhead_from_minima": res["amortised_from_minima"]["overhead"], "stage_shares": stage_shares(res),

@@ -37,10 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "values (a lever only with --job-gpus: passes per step > 1)")
     p.add_argument("--compute-methods", nargs="+", default=["eigen"], choices=["eigen", "inverse"],
                    help="step_cost: K-FAC compute_method values")
+    p.add_argument("--inv-dtype", choices=["fp32", "bf16", "fp16"], help="step_cost: the decompositions' storage "
+                   "dtype (default: the phase-1 config's)")
     p.add_argument("--job-gpus", type=int, help="step_cost: time one GPU's optimizer step of a phase-1 job on this "
                    "many GPUs (the config's train_batch_size / (GPUs x micro-batch) accumulated passes); default: "
                    "one micro-batch per step")
     p.add_argument("--repeats", type=int, default=3, help="step_cost and eigh: measured rounds (median reported)")
+    p.add_argument("--pieces", nargs="+", choices=["fp16_exact", "effectiveness", "alignment", "profile"],
+                   help="diagnose: the pieces to run, in the part's order (default: all)")
+    p.add_argument("--cases", nargs="+", help="diagnose: effectiveness cases by name, e.g. inverse_bf16_align-default "
+                   "(default: all; names in benchmarks/gpu/diagnose.py EFFECTIVENESS_CASES)")
     p.add_argument("--step-seconds", type=float, nargs="*", help="eigh: LAMB step seconds to size the interval by "
                    "(default: this --out's gpu_step_cost.json)")
     return p
@@ -72,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"name the parts of this call with --part (of {', '.join(PARTS)}): all of them do not fit "
                       "in one 9-minute call")
     parts = args.part or [p for p in PARTS if p != "convergence"]
+    if args.cases:
+        from benchmarks.gpu.diagnose import case_names
+
+        unknown = sorted(set(args.cases) - set(case_names()))
+        if unknown:
+            return refuse(f"--cases: no effectiveness case named {', '.join(unknown)}; the cases are "
+                          f"{', '.join(case_names())}")
     from benchmarks.gpu.context import Context
     from benchmarks.harness.machine import machine
     from benchmarks.harness.output import write_json

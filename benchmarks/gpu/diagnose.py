@@ -28,6 +28,7 @@ from benchmarks.gpu.context import Context
 from benchmarks.harness.machine import machine
 from benchmarks.harness.timing import median, timed
 from benchmarks.step_cost.measure import StepCostRun
+from kaisa_ds.enums import ComputeMethod
 
 ROWS = 25  # operators kept per profiled step
 
@@ -111,24 +112,44 @@ def profile(ctx: Context, batch: int) -> dict[str, Any]:
     return out
 
 
-# (inv_dtype, grouped align (None: its own), cuBLAS's reduced-precision BF16 reductions allowed)
-EFFECTIVENESS_CASES = (("fp32", None, True), ("bf16", None, True), ("bf16", 1, True), ("bf16", None, False))
+# (compute method, inv_dtype, grouped align (None: its own), cuBLAS's reduced-precision BF16 reductions allowed).
+# The eigen cases came first (2026-11-27, call 6: no layer pointed away in any of them); the inverse cases test the
+# next suspect: step_cost warned only while its inverse-method configurations ran, whose damped inverses are
+# computed in FP32 and stored in inv_dtype, where rounding need not keep them positive definite.
+EFFECTIVENESS_CASES = (("eigen", "bf16", None, True), ("eigen", "bf16", None, False), ("eigen", "fp32", None, True),
+                       ("eigen", "bf16", 1, True), ("inverse", "bf16", None, True), ("inverse", "fp32", None, True))
+PIECES = ("fp16_exact", "effectiveness", "alignment", "profile")
 
 
-def case_name(inv_dtype: str, align: int | None, reduced: bool) -> str:
-    """The key of one :data:`EFFECTIVENESS_CASES` row in the part's JSON."""
-    return f"{inv_dtype}_align{'-default' if align is None else align}{'' if reduced else '_full-reduction'}"
+def case_name(method: str, inv_dtype: str, align: int | None, reduced: bool) -> str:
+    """The key of one :data:`EFFECTIVENESS_CASES` row in the part's JSON (eigen cases unprefixed, as first run)."""
+    prefix = "" if method == "eigen" else f"{method}_"
+    return (f"{prefix}{inv_dtype}_align{'-default' if align is None else align}"
+            f"{'' if reduced else '_full-reduction'}")
 
 
-def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
+def case_names() -> list[str]:
+    """Every effectiveness case's name, in the order they run."""
+    return [case_name(*case) for case in EFFECTIVENESS_CASES]
+
+
+def effectiveness(ctx: Context, batch: int, report: dict[str, Any]) -> dict[str, Any]:
     """Per case of :data:`EFFECTIVENESS_CASES`: every layer's (damping share, cosine to the raw gradient) at the
-    second decomposition step, and the layers whose cosine is negative."""
+    second decomposition step, and the layers whose cosine is negative. Each case is written into
+    ``report["effectiveness"]`` as it ends, so a call cut short keeps the cases it finished."""
     from kaisa_ds.precondition import effectiveness as eff
 
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = report.setdefault("effectiveness", {})
     original = eff.measure
     allowed = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
-    for inv_dtype, align, reduced in EFFECTIVENESS_CASES:
+    chosen = ctx.args.cases
+    for method, inv_dtype, align, reduced in EFFECTIVENESS_CASES:
+        name = case_name(method, inv_dtype, align, reduced)
+        if chosen and name not in chosen:
+            continue
+        if ctx.seconds_left() < 30:
+            out[name] = {"skipped": "call's time budget"}
+            continue
         figures: dict[str, Any] = {}
 
         def recording(*a: Any, into: dict[str, Any] = figures, **k: Any) -> Any:
@@ -140,7 +161,7 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
         eff.measure = recording  # type: ignore[assignment]
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = reduced
         try:  # the setting is restored even when building the run fails (e.g. out of memory)
-            args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25)
+            args = step_args(ctx, dtype="bf16", batch=batch, sample_fraction=0.25, method=ComputeMethod(method))
             args.inv_dtype = inv_dtype
             run = StepCostRun(args, ctx.device)
             if align is not None:
@@ -152,8 +173,8 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = allowed
         measured = {n: f for n, f in figures.items() if f is not None}
         cosines = sorted(cos for _, cos in measured.values())
-        out[case_name(inv_dtype, align, reduced)] = {
-            "bf16_reduced_precision_reduction": reduced,
+        out[name] = {
+            "method": method, "inv_dtype": inv_dtype, "bf16_reduced_precision_reduction": reduced,
             "layers": len(measured), "negative": sorted(n for n, (_, cos) in measured.items() if cos < 0),
             "min_cosine": cosines[0] if cosines else None,
             "median_cosine": cosines[len(cosines) // 2] if cosines else None,
@@ -161,20 +182,28 @@ def effectiveness(ctx: Context, batch: int) -> dict[str, Any]:
             "per_layer": {n: {"damping_share": sh, "cosine": cos} for n, (sh, cos) in measured.items()}}
         del run
         free()
+        ctx.write("diagnose", report)
     return out
 
 
 def run(ctx: Context) -> dict[str, Any]:
     batch = 2 if ctx.smoke else ctx.args.batches[0]
     out: dict[str, Any] = {"machine": machine(), "ok": False}
-    for name, fn in (("alignment", lambda: alignment(ctx)), ("fp16_exact", lambda: fp16_exact(ctx, batch)),
-                     ("profile", lambda: profile(ctx, batch)), ("effectiveness", lambda: effectiveness(ctx, batch))):
+    # the open questions first (fp16 windows, effectiveness); alignment and profile were measured on 2026-11-26
+    pieces = ctx.args.pieces or PIECES
+    for name, fn in (("fp16_exact", lambda: fp16_exact(ctx, batch)),
+                     ("effectiveness", lambda: effectiveness(ctx, batch, out)),
+                     ("alignment", lambda: alignment(ctx)), ("profile", lambda: profile(ctx, batch))):
+        if name not in pieces:
+            continue
         if ctx.seconds_left() < 30:
             out[name] = {"skipped": "call's time budget"}
             continue
         out[name] = fn()
         ctx.write("diagnose", out)
-    out["ok"] = all("skipped" not in out[k] for k in ("alignment", "fp16_exact", "profile", "effectiveness"))
+    out["ok"] = all("skipped" not in out[k] for k in pieces)
     ctx.write("diagnose", out)
-    print(out["alignment"], {k: v for k, v in out["fp16_exact"].items() if k != "largest_outputs"}, sep="\n")
+    for name, case in out.get("effectiveness", {}).items():
+        print(f"effectiveness {name}: {case.get('skipped') or ''}{len(case.get('negative', []))} of "
+              f"{case.get('layers')} layers point away, min cosine {case.get('min_cosine')}")
     return out

@@ -32,9 +32,10 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     assert diag["fp16_exact"]["grams"] > 0 and diag["fp16_exact"]["nonfinite_outputs"] == []
     assert "aten::" in diag["profile"]["plain"] and "aten::" in diag["profile"]["factor"]
     cases = diag["effectiveness"]
-    assert list(cases) == ["fp32_align-default", "bf16_align-default", "bf16_align1",
-                           "bf16_align-default_full-reduction"]
-    assert [c["bf16_reduced_precision_reduction"] for c in cases.values()] == [True, True, True, False]
+    assert list(cases) == ["bf16_align-default", "bf16_align-default_full-reduction", "fp32_align-default",
+                           "bf16_align1", "inverse_bf16_align-default", "inverse_fp32_align-default"]
+    assert [c["bf16_reduced_precision_reduction"] for c in cases.values()] == [True, False, True, True, True, True]
+    assert [c["method"] for c in cases.values()] == ["eigen"] * 4 + ["inverse"] * 2
     assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction  # the part restores the setting
     for case in cases.values():  # every preconditioned layer measured, its cosine a real one
         assert case["layers"] == 12 and -1 <= case["min_cosine"] <= case["median_cosine"] <= 1 + 1e-5
@@ -67,7 +68,8 @@ def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None
     threads = torch.get_num_threads()
     try:
         code = main(["--cpu-smoke", "--part", "step_cost", "--out", str(out), "--job-gpus", "4",
-                     "--pass-fractions", "0.5", "--compute-methods", "eigen", "inverse", "--sample-fractions", "0.5"])
+                     "--pass-fractions", "0.5", "--compute-methods", "eigen", "inverse", "--sample-fractions", "0.5",
+                     "--inv-dtype", "fp32"])
     finally:
         torch.set_num_threads(threads)
     assert code == 0
@@ -78,6 +80,7 @@ def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None
         settings = run["step_cost"]["settings"]
         assert settings["accumulation"] == 2 and settings["pass_fraction"] == 0.5
         assert settings["compute_method"] == run["method"]
+        assert settings["inv_dtype"] == run["inv_dtype"] == "fp32"  # not the phase-1 config's bf16
         split = run["decomposition_split"]
         assert 0.25 <= split["busiest_share"] < 1  # 4 GPUs share the factors: none does all, none less than 1/4
         assert split["overhead_split"] < run["overhead"]
@@ -107,3 +110,27 @@ def test_a_missing_wheel_is_named_with_the_command_that_builds_it(tmp_path: Path
     assert proc.returncode == 2
     assert "pydantic" in proc.stderr and "deepspeed" not in proc.stderr.split("for:")[1].split("(")[0]
     assert "scripts/build_gpu_wheels.sh" in proc.stderr
+
+
+def test_diagnose_runs_only_the_chosen_pieces_and_cases(tmp_path: Path) -> None:
+    """A short device call spends its minutes on the open question only (call 7: the inverse method's cases)."""
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        code = main(["--cpu-smoke", "--part", "diagnose", "--out", str(out), "--pieces", "effectiveness",
+                     "--cases", "inverse_bf16_align-default", "inverse_fp32_align-default"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    diag = json.loads((out / "gpu_diagnose.json").read_text())
+    assert "fp16_exact" not in diag and "profile" not in diag
+    cases = diag["effectiveness"]
+    assert list(cases) == ["inverse_bf16_align-default", "inverse_fp32_align-default"]
+    assert [(c["method"], c["inv_dtype"]) for c in cases.values()] == [("inverse", "bf16"), ("inverse", "fp32")]
+    assert all(c["layers"] == 12 for c in cases.values())
+
+
+def test_an_unknown_effectiveness_case_is_refused_with_the_names(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--cpu-smoke", "--part", "diagnose", "--cases", "inverse_bf8"]) == 2
+    err = capsys.readouterr().err
+    assert "inverse_bf8" in err and "inverse_bf16_align-default" in err
