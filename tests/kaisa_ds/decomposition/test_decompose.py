@@ -55,7 +55,41 @@ def test_batched_inverse_is_symmetric_and_inverts_each_damped_factor() -> None:
         torch.testing.assert_close(inv.inverse @ (f + 1e-3 * torch.eye(16)), torch.eye(16), rtol=0, atol=1e-3)
 
 
-def test_a_damped_factor_that_is_not_positive_definite_still_gets_its_inverse() -> None:
-    m = torch.diag(torch.tensor([2.0, 1.0, -0.5]))  # invertible, not positive definite: Cholesky fails
-    m = torch.stack([m, torch.eye(3)])  # one bad matrix in a batch falls the whole batch back to LU
-    torch.testing.assert_close(spd_inverse(m), torch.linalg.inv(m))
+def _rounded_gram(n: int = 96, rows: int = 4096) -> torch.Tensor:
+    """A factor as K-FAC stores it: the Gram matrix of LayerNorm-like inputs with a bias column (one dominant
+    eigenvalue, most far below it), rounded to FP16 storage, which leaves eigenvalues a little below zero."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, n - 1, generator=g) @ torch.randn(n - 1, n - 1, generator=g).tril() * 0.3 + 0.5
+    x = torch.cat([x, torch.ones(rows, 1)], dim=1)
+    return (x.t() @ x / rows).half()
+
+
+def test_a_factor_rounded_below_its_damping_gets_a_positive_definite_inverse() -> None:
+    """On an H100 at BERT-Large the inverse method's LU fallback made the preconditioner indefinite: the gradient
+    pointed away from itself in up to 17 of 144 layers (call 7, 2026-11-27)."""
+    f, damping = _rounded_gram(), 1e-5
+    assert float(torch.linalg.eigvalsh(f.double()).min()) < -damping  # the case: F + γI is indefinite
+    dec = decompose(f, method=ComputeMethod.INVERSE, diagonal=False, damping=damping, compute_dtype=torch.float32,
+                    out_dtype=torch.float32)
+    assert dec is not None and dec.inverse is not None
+    assert float(torch.linalg.eigvalsh(dec.inverse.double()).min()) > 0
+    # the eigen method's clamp: Q diag(1 / (max(λ_F, 0) + γ)) Qᵀ
+    vals, vecs = torch.linalg.eigh(f.double())
+    expected = (vecs / (vals.clamp(min=0) + damping)) @ vecs.t()
+    torch.testing.assert_close(dec.inverse.double(), expected, rtol=2e-2, atol=2e-2 * float(expected.abs().max()))
+
+
+def test_in_a_batch_only_the_indefinite_factor_leaves_cholesky(caplog: pytest.LogCaptureFixture,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from kaisa_ds.decomposition import decompose as module
+
+    monkeypatch.setattr(module, "_WARNED_SIZES", set())  # once per size and process: earlier tests may have warned
+    bad = torch.diag(torch.tensor([2.0, 1.0, -0.5]))  # a "factor" with an eigenvalue below -shift
+    good = _spd(3)
+    shift = torch.tensor([0.1, 0.2]).view(2, 1, 1)  # per-matrix shifts, as relative damping gives
+    m = torch.stack([bad, good]) + shift * torch.eye(3)
+    with caplog.at_level("WARNING"):
+        inv = spd_inverse(m, shift=shift)
+    torch.testing.assert_close(inv[0], torch.diag(1 / torch.tensor([2.1, 1.1, 0.1])))  # -0.5 clamped to 0, + 0.1
+    torch.testing.assert_close(inv[1], torch.cholesky_inverse(torch.linalg.cholesky(m[1])))
+    assert "1 of 2 damped 3x3 factors were not positive definite" in caplog.text
