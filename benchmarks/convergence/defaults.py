@@ -28,10 +28,18 @@ from benchmarks.convergence.regimes import LIBRARY_DEFAULTS
 from benchmarks.convergence.runner import RunSpec, final_spec, run, tune_spec
 
 
+def _plain(value: Any) -> str:
+    """A setting's value in a file name: numbers as ``%g``, lists joined by ``+`` (no brackets, quotes, spaces)."""
+    if isinstance(value, (int, float)):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "+".join(_plain(v) for v in value)
+    return str(value)
+
+
 def candidate_name(extra: dict[str, Any]) -> str:
     """``defaults`` plus the keys set on top of ``{"enabled": true}``, as a record name."""
-    return "defaults" + "".join(f"_{k}{v:g}" if isinstance(v, (int, float)) else f"_{k}{v}"
-                                for k, v in sorted(extra.items()))
+    return "defaults" + "".join(f"_{k}{_plain(v)}" for k, v in sorted(extra.items()))
 
 
 def defaults_spec(*, regime: Any, lamb: dict[str, Any], seed: int, steps: int, part: str = "report",

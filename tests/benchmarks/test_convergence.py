@@ -960,3 +960,16 @@ def test_extra_lamb_points_join_the_grid_the_choice_and_the_budget(tmp_path: Pat
     with pytest.raises(SystemExit):
         main(["tune", "--regime", "small", "--lamb-points", "0.01", *common])
     assert "'0.01': give LR:WARMUP" in capsys.readouterr().err
+
+
+def test_a_list_setting_names_its_record_in_plain_characters() -> None:
+    """Rule 4's `--set 'skip_layers=[...]'` named its records `defaults_skip_layers['embeddings', 'cls', ...]`:
+    brackets, quotes and spaces in a file name every shell command then has to quote."""
+    import re
+
+    from benchmarks.convergence.defaults import candidate_name
+
+    name = candidate_name({"skip_layers": ["embeddings", "cls", "pooler"], "inv_update_steps": 10})
+    assert re.fullmatch(r"[A-Za-z0-9_.+-]+", name), name
+    assert "embeddings" in name and "pooler" in name and "inv_update_steps10" in name
+    assert candidate_name({"skip_layers": ["cls"]}) != candidate_name({"skip_layers": ["cls", "pooler"]})
