@@ -77,6 +77,7 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         compute_method=method, inv_dtype=getattr(ctx.args, "inv_dtype", None) or k["inv_dtype"],
         repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
+        relative_damping=getattr(ctx.args, "relative_damping", None),
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
 

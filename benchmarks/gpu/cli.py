@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="step_cost: K-FAC compute_method values")
     p.add_argument("--inv-dtype", choices=["fp32", "bf16", "fp16"], help="step_cost: the decompositions' storage "
                    "dtype (default: the phase-1 config's)")
+    p.add_argument("--relative-damping", type=float, help="step_cost: K-FAC's relative damping (the library's mode) "
+                   "instead of the absolute 0.001 every earlier figure ran at")
     p.add_argument("--job-gpus", type=int, help="step_cost: time one GPU's optimizer step of a phase-1 job on this "
                    "many GPUs (the config's train_batch_size / (GPUs x micro-batch) accumulated passes); default: "
                    "one micro-batch per step")

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "(gradient accumulation; DeepSpeed's gradient_accumulation_steps); both models run them all")
     p.add_argument("--pass-fraction", type=float, default=1.0, help="K-FAC factor_pass_fraction: share of a factor "
                    "step's passes whose statistics feed the factors (needs --accumulation > 1 to matter)")
+    p.add_argument("--damping", type=float, help="K-FAC's absolute damping (default: 0.001, as every earlier figure)")
+    p.add_argument("--relative-damping", type=float, help="K-FAC's relative damping instead (the library's mode)")
     p.add_argument("--decomp-sizes", type=int, nargs="*", default=[256, 1024, 4096],
                    help="factor sizes for the eigh/inverse timings (none: skip)")
     p.add_argument("--decomp-repeats", type=int, default=3, help="repeats per size (1 for sizes > 2048 on CPU)")

@@ -48,6 +48,19 @@ def build_optimizer(model: torch.nn.Module, *, lr: float) -> tuple[torch.optim.O
     return opt, f"LAMB ({name})"
 
 
+ABSOLUTE_DAMPING = 0.001  # every step-cost figure before 2026-11-27 ran at this absolute damping
+
+
+def damping_of(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    """K-FAC's ``(damping, relative_damping)``: ``--relative-damping`` when given (the library's mode), else the
+    absolute ``--damping`` (default :data:`ABSOLUTE_DAMPING`). The inverse method's cost depends on it: a small
+    absolute damping sends FP16 factors past Cholesky to an eigendecomposition (``benchmarks.indefinite``)."""
+    relative = getattr(args, "relative_damping", None)
+    if relative is not None:
+        return None, relative
+    return getattr(args, "damping", None) or ABSOLUTE_DAMPING, None
+
+
 class StepCostRun:
     """A baseline BERT with its optimizer and an identical copy with kaisa_ds's K-FAC, sharing one batch; a step is
     ``args.accumulation`` forward+backward passes (gradient accumulation), of which K-FAC's factor steps feed
@@ -61,9 +74,11 @@ class StepCostRun:
         self.opt, self.opt_name = build_optimizer(base, lr=args.lr)
         batch = random_batch(args.batch, args.seq, args.vocab, device)
         self.interval = Interval(args.factor_every, args.inv_every)
+        damping, relative_damping = damping_of(args)
         self.kfac = KFACPreconditioner(
-            kmodel, factor_update_steps=args.factor_every, inv_update_steps=args.inv_every, damping=0.001,
-            kl_clip=0.001, lr=args.lr, skip_layers=KAISA_SKIP, factor_dtype=args.factor_dtype,
+            kmodel, factor_update_steps=args.factor_every, inv_update_steps=args.inv_every, damping=damping,
+            relative_damping=relative_damping, kl_clip=0.001, lr=args.lr, skip_layers=KAISA_SKIP,
+            factor_dtype=args.factor_dtype,
             factor_sample_fraction=args.sample_fraction, compute_method=args.compute_method,
             inv_dtype=args.inv_dtype, accumulation_steps=args.accumulation, factor_pass_fraction=args.pass_fraction)
         self.runner = KaisaRunner(self.kfac, cuda=device.type == "cuda")

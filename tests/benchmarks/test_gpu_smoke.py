@@ -69,7 +69,7 @@ def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None
     try:
         code = main(["--cpu-smoke", "--part", "step_cost", "--out", str(out), "--job-gpus", "4",
                      "--pass-fractions", "0.5", "--compute-methods", "eigen", "inverse", "--sample-fractions", "0.5",
-                     "--inv-dtype", "fp32"])
+                     "--inv-dtype", "fp32", "--relative-damping", "100"])
     finally:
         torch.set_num_threads(threads)
     assert code == 0
@@ -81,6 +81,7 @@ def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None
         assert settings["accumulation"] == 2 and settings["pass_fraction"] == 0.5
         assert settings["compute_method"] == run["method"]
         assert settings["inv_dtype"] == run["inv_dtype"] == "fp32"  # not the phase-1 config's bf16
+        assert settings["relative_damping"] == 100  # the library's mode, not the absolute 0.001 of earlier figures
         split = run["decomposition_split"]
         assert 0.25 <= split["busiest_share"] < 1  # 4 GPUs share the factors: none does all, none less than 1/4
         assert split["overhead_split"] < run["overhead"]

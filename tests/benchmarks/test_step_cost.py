@@ -114,3 +114,20 @@ def test_bad_accumulation_flags_are_refused_by_name(flags: list[str], capsys: py
         main(["--size", "tiny", *flags])
     assert exit_info.value.code == 2
     assert flags[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("given", "relative", "value"), [({}, False, 0.001), ({"damping": 1e-4}, False, 1e-4),
+                                                           ({"relative_damping": 100.0}, True, 100.0)])
+def test_the_damping_reaches_k_fac_in_the_mode_given(given: dict[str, float], relative: bool, value: float) -> None:
+    """The inverse method's cost depends on the damping (benchmarks.indefinite): step_cost ran every earlier figure
+    at an absolute 0.001 it could not change."""
+    from argparse import Namespace
+
+    from benchmarks.step_cost.measure import StepCostRun
+    from kaisa_ds.enums import ComputeMethod
+
+    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
+                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.INVERSE, inv_dtype="fp32",
+                     dtype="fp32", accumulation=1, pass_fraction=1.0, **given)
+    damping = StepCostRun(args, torch.device("cpu")).kfac.config.damping_at(0)
+    assert damping.relative is relative and damping.value == pytest.approx(value)
