@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PARTS = ("tests", "step_cost", "eigh", "diagnose", "convergence")
+PARTS = ("tests", "step_cost", "eigh", "diagnose")
 CALL_SECONDS = 540.0  # one device call: 10 minutes at most, 9 planned
 
 
@@ -60,10 +60,9 @@ def refuse(message: str) -> int:
 
 
 def part_runner(name: str) -> Callable[[Any], dict[str, Any]]:
-    from benchmarks.gpu import bert_cost, convergence, diagnose, eigh, tests_part
+    from benchmarks.gpu import bert_cost, diagnose, eigh, tests_part
 
-    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "diagnose": diagnose,
-               "convergence": convergence}
+    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "diagnose": diagnose}
     return modules[name].run  # type: ignore[no-any-return]
 
 
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.part and not args.cpu_smoke:
         return refuse(f"name the parts of this call with --part (of {', '.join(PARTS)}): all of them do not fit "
                       "in one 9-minute call")
-    parts = args.part or [p for p in PARTS if p != "convergence"]
+    parts = args.part or list(PARTS)
     if args.cases:
         from benchmarks.gpu.diagnose import case_names
 
