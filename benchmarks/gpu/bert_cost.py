@@ -74,10 +74,10 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         size="tiny" if smoke else "large", dtype=dtype, batch=batch, seq=16 if smoke else 128,
         vocab=300 if smoke else 30522, lr=6e-3, factor_every=2 if smoke else k["factor_every"],
         inv_every=4 if smoke else k["inv_every"], factor_dtype=k["factor_dtype"], sample_fraction=sample_fraction,
-        compute_method=method, inv_dtype=getattr(ctx.args, "inv_dtype", None) or k["inv_dtype"],
+        compute_method=method, inv_dtype=ctx.args.inv_dtype or k["inv_dtype"],
         repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
-        relative_damping=getattr(ctx.args, "relative_damping", None),
+        relative_damping=ctx.args.relative_damping,
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
 

@@ -190,16 +190,15 @@ def run(ctx: Context) -> dict[str, Any]:
     batch = 2 if ctx.smoke else ctx.args.batches[0]
     out: dict[str, Any] = {"machine": machine(), "ok": False}
     # the open questions first (fp16 windows, effectiveness); alignment and profile were measured on 2026-11-26
-    pieces = ctx.args.pieces or PIECES
-    for name, fn in (("fp16_exact", lambda: fp16_exact(ctx, batch)),
-                     ("effectiveness", lambda: effectiveness(ctx, batch, out)),
-                     ("alignment", lambda: alignment(ctx)), ("profile", lambda: profile(ctx, batch))):
-        if name not in pieces:
-            continue
+    pieces = [name for name in PIECES if name in (ctx.args.pieces or PIECES)]
+    runs: dict[str, Callable[[], Any]] = {"fp16_exact": lambda: fp16_exact(ctx, batch),
+                                          "effectiveness": lambda: effectiveness(ctx, batch, out),
+                                          "alignment": lambda: alignment(ctx), "profile": lambda: profile(ctx, batch)}
+    for name in pieces:
         if ctx.seconds_left() < 30:
             out[name] = {"skipped": "call's time budget"}
             continue
-        out[name] = fn()
+        out[name] = runs[name]()
         ctx.write("diagnose", out)
     out["ok"] = all("skipped" not in out[k] for k in pieces)
     ctx.write("diagnose", out)
