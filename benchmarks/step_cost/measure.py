@@ -58,7 +58,8 @@ def damping_of(args: argparse.Namespace) -> tuple[float | None, float | None]:
     relative = getattr(args, "relative_damping", None)
     if relative is not None:
         return None, relative
-    return getattr(args, "damping", None) or ABSOLUTE_DAMPING, None
+    absolute = getattr(args, "damping", None)
+    return (ABSOLUTE_DAMPING if absolute is None else absolute), None
 
 
 class StepCostRun:

@@ -131,3 +131,17 @@ def test_the_damping_reaches_k_fac_in_the_mode_given(given: dict[str, float], re
                      dtype="fp32", accumulation=1, pass_fraction=1.0, **given)
     damping = StepCostRun(args, torch.device("cpu")).kfac.config.damping_at(0)
     assert damping.relative is relative and damping.value == pytest.approx(value)
+
+
+def test_a_damping_of_zero_is_refused_by_name_not_replaced() -> None:
+    """``--damping 0`` once became the default 0.001 without a word (``or`` treated 0 as unset)."""
+    from argparse import Namespace
+
+    from benchmarks.step_cost.measure import StepCostRun
+    from kaisa_ds.enums import ComputeMethod
+
+    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
+                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.EIGEN, inv_dtype="fp32",
+                     dtype="fp32", accumulation=1, pass_fraction=1.0, damping=0.0)
+    with pytest.raises(ValueError, match=r"damping=0\.0 is not valid"):
+        StepCostRun(args, torch.device("cpu"))
