@@ -14,6 +14,7 @@ from kaisa_ds.enums import (
     ComputeMethod,
     DampingMode,
     DistributedStrategy,
+    Grafting,
     LossReduction,
     damping_conflict,
     parse_dtype,
@@ -78,6 +79,7 @@ class KFACConfig:
         damping_mode: :class:`~kaisa_ds.enums.DampingMode`; None: absolute when ``damping`` is given, else relative.
         factor_decay: ``ξ`` of the running average ``F ← ξ F + (1 − ξ) F_new``, in [0, 1).
         kl_clip: bound on the KL size of the preconditioned step (KAISA's KL clip); None disables the clip.
+        grafting: :class:`~kaisa_ds.enums.Grafting`: what sets each layer's preconditioned gradient's size.
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
         compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions or damped inverses.
         grad_worker_fraction: share of ranks that precondition each layer, in [1/world, 1], or a
@@ -108,6 +110,7 @@ class KFACConfig:
     damping_mode: DampingMode | str | None = None  # None: absolute when damping is given, else relative
     factor_decay: ScheduleLike = 0.95
     kl_clip: ScheduleLike | None = 0.001
+    grafting: Grafting | str = Grafting.NONE
     lr: ScheduleLike = 0.1
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
     grad_worker_fraction: GradWorkerFraction = 1.0
@@ -129,6 +132,7 @@ class KFACConfig:
     def __post_init__(self) -> None:
         self.compute_method = parse_enum(ComputeMethod, self.compute_method, name="compute_method")
         self.loss_reduction = parse_enum(LossReduction, self.loss_reduction, name="loss_reduction")
+        self.grafting = parse_enum(Grafting, self.grafting, name="grafting")
         if self.damping_mode is not None:
             self.damping_mode = parse_enum(DampingMode, self.damping_mode, name="damping_mode")
         conflict = damping_conflict(self.damping, self.relative_damping, self.damping_mode, prefix="")
@@ -280,10 +284,8 @@ class KFACConfig:
         for key, val in section.items():
             if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val is not None:
                 val = schedule_from_spec(val, name=f"kfac.{key}")
-            elif key == "inv_update_steps" and isinstance(val, str):  # "auto"; other words: the field says why
-                pass
-            elif key in ("factor_update_steps", "inv_update_steps"):
-                val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)
+            elif key == "factor_update_steps" or (key == "inv_update_steps" and not isinstance(val, str)):
+                val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)  # a word: "auto", or the field says why
             elif key == "skip_layers" and not (
                 isinstance(val, str) or (isinstance(val, list) and all(isinstance(v, str) for v in val))
             ):

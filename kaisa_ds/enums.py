@@ -64,6 +64,21 @@ class DampingMode(str, enum.Enum):
     ABSOLUTE = "absolute"
 
 
+class Grafting(str, enum.Enum):
+    """What sets the size of each layer's preconditioned gradient (``KFACConfig.grafting``).
+
+    ``none`` (the default): the preconditioner's own size, bounded by the KL clip. Under LAMB or Adam that size
+    mostly does not reach the step (the optimizer normalises it away), but its change from step to step does: the
+    KL clip's scale ν moved 30–400× within one BERT run at LAMB's learning rate, so the optimizer's second moments
+    stay those of the few early unclipped steps. ``gradient``: each layer's preconditioned gradient is rescaled to
+    the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses the direction, the gradient its size), so the
+    optimizer after it sees the scale it would have seen without K-FAC.
+    """
+
+    NONE = "none"
+    GRADIENT = "gradient"
+
+
 class LossReduction(str, enum.Enum):
     """How the training loss was reduced over samples; sets the per-sample scaling of output gradients.
 

@@ -22,9 +22,10 @@ from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.distributed.collectives import sum_over_ranks
 from kaisa_ds.distributed.reduction import WindowReducer
+from kaisa_ds.enums import Grafting
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark
 from kaisa_ds.precondition import effectiveness
-from kaisa_ds.precondition.apply import kl_clip_scale
+from kaisa_ds.precondition.apply import graft_to_gradient_norms, kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
@@ -282,6 +283,8 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
+        if p.config.grafting is Grafting.GRADIENT:
+            pre.update(zip(names, graft_to_gradient_norms([pre[n] for n in names], [grads[n] for n in names])))
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
               if kl is not None else None)
