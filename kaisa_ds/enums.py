@@ -72,11 +72,13 @@ class Grafting(str, enum.Enum):
     KL clip's scale ν moved 30–400× within one BERT run at LAMB's learning rate, so the optimizer's second moments
     stay those of the few early unclipped steps. ``gradient``: each layer's preconditioned gradient is rescaled to
     the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses the direction, the gradient its size), so the
-    optimizer after it sees the scale it would have seen without K-FAC.
+    optimizer after it sees the scale it would have seen without K-FAC. ``kfac-size``: an ablation, the raw
+    gradient's direction at the size K-FAC's step has (KL clip included): what K-FAC gives without its curvature.
     """
 
     NONE = "none"
     GRADIENT = "gradient"
+    KFAC_SIZE = "kfac-size"
 
 
 class LossReduction(str, enum.Enum):

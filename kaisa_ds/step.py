@@ -25,7 +25,7 @@ from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import Grafting
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark
 from kaisa_ds.precondition import effectiveness
-from kaisa_ds.precondition.apply import graft_to_gradient_norms, kl_clip_scale
+from kaisa_ds.precondition.apply import graft, kl_clip_scale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
@@ -284,12 +284,13 @@ def run_step(p: StepOwner) -> StepOutcome | None:
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
         if p.config.grafting is Grafting.GRADIENT:
-            pre.update(zip(names, graft_to_gradient_norms([pre[n] for n in names], [grads[n] for n in names])))
+            pre.update(zip(names, graft([pre[n] for n in names], [grads[n] for n in names])))
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
-        nu = (kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl)
-              if kl is not None else None)
-        damping = p.config.damping_at(step)
-        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
+        nu = kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl) if kl else None
+        if p.config.grafting is Grafting.KFAC_SIZE:  # after ν: the size is K-FAC's, clip included
+            pre.update(zip(names, graft([grads[n] for n in names], [pre[n] for n in names])))
+        p.diagnostics.record_step(kl_scale=nu, damping=(d := p.config.damping_at(step)).value, lr=lr,
+                                  damping_mode=d.mode)
     with timer.stage("write_grads"):
         scale = p.loss_scale()
         for n in names:

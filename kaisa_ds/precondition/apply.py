@@ -22,12 +22,13 @@ def kl_clip_scale(
     return torch.clamp(torch.sqrt(kl_clip / vg), max=1.0)
 
 
-def graft_to_gradient_norms(preconditioned: list[torch.Tensor], grads: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each preconditioned gradient rescaled to the norm of its raw gradient (one left as is where its own norm is
-    0): K-FAC's direction at the gradient's size. Batched norms, no host sync."""
-    if not preconditioned:
+def graft(directions: list[torch.Tensor], sizes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each tensor of ``directions`` rescaled to the norm of its tensor in ``sizes`` (one whose own norm is 0 is left
+    as is). Grafting (Agarwal et al. 2020): K-FAC's direction at the gradient's size, or, as an ablation, the
+    gradient's direction at K-FAC's size. Batched norms, no host sync."""
+    if not directions:
         return []
-    pre_norms = torch.stack([n.float() for n in torch._foreach_norm(preconditioned)])
-    grad_norms = torch.stack([n.float().to(pre_norms.device) for n in torch._foreach_norm(grads)])
-    ratio = torch.where(pre_norms > 0, grad_norms / pre_norms, torch.ones_like(pre_norms))
-    return [p * r.to(p.dtype) for p, r in zip(preconditioned, ratio.unbind())]
+    own = torch.stack([n.float() for n in torch._foreach_norm(directions)])
+    wanted = torch.stack([n.float().to(own.device) for n in torch._foreach_norm(sizes)])
+    ratio = torch.where(own > 0, wanted / own, torch.ones_like(own))
+    return [d * r.to(d.dtype) for d, r in zip(directions, ratio.unbind())]

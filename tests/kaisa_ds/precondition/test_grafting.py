@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kaisa_ds import Grafting, KFACConfig
-from kaisa_ds.precondition.apply import graft_to_gradient_norms
+from kaisa_ds.precondition.apply import graft
 from tests.kaisa_ds.precondition.test_scale_invariance import cosines, preconditioned
 
 
@@ -25,7 +25,7 @@ def test_graft_keeps_each_direction_at_the_gradients_norm() -> None:
     g = torch.Generator().manual_seed(0)
     pre = [torch.randn(4, 3, generator=g) * 50, torch.zeros(2, 2), torch.randn(5, generator=g).bfloat16()]
     grads = [torch.randn(4, 3, generator=g), torch.randn(2, 2, generator=g), torch.randn(5, generator=g)]
-    out = graft_to_gradient_norms(pre, grads)
+    out = graft(pre, grads)
     assert torch.allclose(out[0].norm(), grads[0].norm(), rtol=1e-5)
     assert float(torch.nn.functional.cosine_similarity(out[0].flatten(), pre[0].flatten(), dim=0)) > 1 - 1e-6
     assert torch.equal(out[1], pre[1])  # nothing to scale: left as is, not NaN
@@ -56,5 +56,17 @@ def test_grafted_size_follows_the_gradient_not_the_loss_scale_of_kfac() -> None:
 
 def test_grafting_takes_strings_and_names_the_key_when_wrong() -> None:
     assert KFACConfig(grafting="GRADIENT").grafting is Grafting.GRADIENT
-    with pytest.raises(ValueError, match=r"grafting='norm'.*'none', 'gradient'"):
+    with pytest.raises(ValueError, match=r"grafting='norm'.*'none', 'gradient', 'kfac-size'"):
         KFACConfig(grafting="norm")
+
+
+def test_kfac_size_ablation_keeps_the_gradients_direction_at_kfacs_size_and_clip() -> None:
+    raw, kfac = preconditioned(1.0, kl_clip=1e-3, lr=10.0)  # a clip that binds: ν is part of K-FAC's size
+    _, unclipped = preconditioned(1.0, kl_clip=None)
+    _, ablation = preconditioned(1.0, kl_clip=1e-3, lr=10.0, grafting="kfac-size")
+    kfac_norms, unclipped_norms = _layer_norms(kfac), _layer_norms(unclipped)
+    assert max(kfac_norms[k] / unclipped_norms[k] for k in kfac_norms) < 0.5  # the clip did bind
+    for layer, norm in _layer_norms(ablation).items():
+        assert norm == pytest.approx(kfac_norms[layer], rel=1e-6), layer
+    moving = {n for n, g in raw.items() if float(g.norm()) > 1e-12}  # e.g. the key's bias gets no gradient
+    assert min(c for n, c in cosines(raw, ablation).items() if n in moving) > 1 - 1e-9
