@@ -9,6 +9,12 @@ is gone while everything else stays: the same cost (statistics, decompositions, 
 this identity-curvature K-FAC matches K-FAC, the gain is a step-size effect of the KL clip and the learning rate,
 not curvature.
 
+``--variant`` splits K-FAC's step into its two parts instead (``kaisa_ds.enums.Grafting``): ``kfac-size`` keeps
+K-FAC's step size per layer, KL clip included, on the raw gradient's direction (K-FAC without its curvature
+directions: what the identity variant meant to test, but with the size trajectory the optimizer after K-FAC sees);
+``gradient`` keeps K-FAC's direction at the raw gradient's size, with no KL clip (the curvature without K-FAC's
+size). Records ``ablation/<variant>_seed<s>.json``, summary ``ablation_<variant>.json``.
+
 Figures, per seed, on the report part only: each variant's final loss, its steps and training seconds to LAMB's
 *final* and to LAMB's *best* held-out loss (a LAMB whose loss rises late would otherwise hand out a win), as
 fractions of LAMB's run. Records: ``<results>/<regime>/ablation/*.json`` and ``ablation.json``; runs are reused.
@@ -29,6 +35,18 @@ from benchmarks.harness.output import table
 from bert_pretrain.curves import first_crossing
 
 IDENTITY_DAMPING = 1.0
+VARIANTS = ("identity", "kfac-size", "gradient")  # what replaces the tuned K-FAC's step: see the module docstring
+
+
+def variant_kfac(kfac: dict[str, Any], *, variant: str, damping: float) -> tuple[str, dict[str, Any]]:
+    """The record name stem and the kfac keys of one ablation variant of the tuned K-FAC's keys."""
+    if variant == "identity":  # a damping that drowns the curvature
+        return f"identity_damping{damping:g}", {**kfac, "damping": damping}
+    if variant == "kfac-size":
+        return "kfac-size", {**kfac, "grafting": "kfac-size"}
+    if variant == "gradient":
+        return "gradient-size", {**kfac, "grafting": "gradient", "kl_clip": None}
+    raise ValueError(f"ablation variant {variant!r}: expected one of {', '.join(VARIANTS)}")
 
 
 def lamb_best(record: dict[str, Any]) -> float:
@@ -157,21 +175,24 @@ def _share(value: float | None, *, train_lead: float) -> str:
 
 
 def ablation(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], damping: float, vocab: Path,
-             work: Path, out: Path, info: dict[str, Any]) -> dict[str, Any]:
-    """Run (or reuse) LAMB, K-FAC and identity-curvature K-FAC on the report part; write ``ablation.json``."""
-    records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": [], "identity": []}
+             work: Path, out: Path, info: dict[str, Any], variant: str = "identity") -> dict[str, Any]:
+    """Run (or reuse) LAMB, K-FAC and one ablation ``variant`` of K-FAC on the report part; write
+    ``ablation.json`` (identity) or ``ablation_<variant>.json``."""
+    records: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": [], variant: []}
     jobs = [(seed, name) for seed in seeds for name in records]
-    for seed, name in tqdm(jobs, desc=f"ablation {regime.name}", unit="run"):
+    for seed, name in tqdm(jobs, desc=f"ablation {regime.name} ({variant})", unit="run"):
         spec = final_spec(regime=regime, chosen=chosen, optimizer="lamb" if name == "lamb" else "kfac", seed=seed)
         folder = "final"
-        if name == "identity":  # the tuned K-FAC with a damping that drowns the curvature
-            spec = dataclasses.replace(spec, name=f"identity_damping{damping:g}_seed{seed}",
-                                       kfac={**(spec.kfac or {}), "damping": damping})
+        if name == variant:
+            stem, kfac = variant_kfac(spec.kfac or {}, variant=variant, damping=damping)
+            spec = dataclasses.replace(spec, name=f"{stem}_seed{seed}", kfac=kfac)
             folder = "ablation"
         records[name].append(run(spec, regime, parts, vocab=vocab, work=work,
                                  record=out / folder / f"{spec.name}.json", machine=info))
-    rows = seed_rows(records["lamb"], {"kfac": records["kfac"], "identity": records["identity"]})
-    result = {"regime": regime.name, "seeds": seeds, "identity_damping": damping, "chosen": chosen["kfac"],
+    rows = seed_rows(records["lamb"], {"kfac": records["kfac"], variant: records[variant]})
+    result = {"regime": regime.name, "seeds": seeds, "variant": variant, "chosen": chosen["kfac"],
+              **({"identity_damping": damping} if variant == "identity" else {}),
               "final_kfac": dict(regime.final_kfac), "rows": rows, "summary": summarise(rows), "machine": info}
-    (out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "ablation.json" if variant == "identity" else f"ablation_{variant}.json"
+    (out / name).write_text(json.dumps(result, indent=1) + "\n")
     return result

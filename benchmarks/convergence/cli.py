@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--damping", type=float, default=ablation.IDENTITY_DAMPING,
                      help="absolute damping that makes the curvature the identity (default %(default)g; BERT's "
                           "λ_A·λ_G are ≤ ~1e-2)")
+    abl.add_argument("--variant", choices=ablation.VARIANTS, default="identity",
+                     help="identity: the damping above; kfac-size: the raw gradient at K-FAC's step size (KL clip "
+                          "included); gradient: K-FAC's direction at the raw gradient's size, no KL clip")
     dflt = sub.choices["defaults"]
     dflt.add_argument("--regime", choices=sorted(REGIMES), required=True)
     dflt.add_argument("--seeds", type=int, nargs="+",
@@ -327,7 +330,8 @@ def final(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
     """``ablation``: the regime's final K-FAC beside identity-curvature K-FAC, reusing the final runs' records."""
-    return _variants(args, lambda **kw: ablation.ablation(damping=args.damping, **kw), "ablation.json")
+    written = "ablation.json" if args.variant == "identity" else f"ablation_{args.variant}.json"
+    return _variants(args, lambda **kw: ablation.ablation(damping=args.damping, variant=args.variant, **kw), written)
 
 
 def run_defaults(args: argparse.Namespace) -> dict[str, Any]:

@@ -222,6 +222,12 @@ def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> Non
     assert identity["spec"]["lr"] == kfac["spec"]["lr"] and identity["curve"]["values"]
     assert {r["variant"] for r in abl["rows"]} == {"kfac", "identity"}
     assert json.loads((tmp_path / "results" / "small" / "ablation.json").read_text())["identity_damping"] == 3.0
+    # the size/direction split: the raw gradient at K-FAC's size, a record and a summary of its own
+    main(["ablation", "--regime", "small", "--variant", "kfac-size", *_common(tmp_path)])
+    sized = json.loads((tmp_path / "results" / "small" / "ablation" / "kfac-size_seed1.json").read_text())
+    assert sized["inputs"]["ds_config"]["kfac"] == {**kfac["inputs"]["ds_config"]["kfac"], "grafting": "kfac-size"}
+    assert json.loads((tmp_path / "results" / "small" / "ablation_kfac-size.json").read_text())["variant"] == \
+        "kfac-size"
     # defaults: a kfac section of {"enabled": true} alone, at LAMB's lr and warmup; the finals are reused
     dflt = main(["defaults", "--regime", "small", *_common(tmp_path)])
     assert {p: p.stat().st_mtime_ns for p in finals} == finals
@@ -973,3 +979,15 @@ def test_a_list_setting_names_its_record_in_plain_characters() -> None:
     assert re.fullmatch(r"[A-Za-z0-9_.+-]+", name), name
     assert "embeddings" in name and "pooler" in name and "inv_update_steps10" in name
     assert candidate_name({"skip_layers": ["cls"]}) != candidate_name({"skip_layers": ["cls", "pooler"]})
+
+
+def test_ablation_variants_change_only_the_step_they_name() -> None:
+    from benchmarks.convergence.ablation import variant_kfac
+
+    tuned = {"damping": 1e-6, "kl_clip": 0.001, "factor_update_steps": 1}
+    assert variant_kfac(tuned, variant="identity", damping=2.0) == ("identity_damping2", {**tuned, "damping": 2.0})
+    assert variant_kfac(tuned, variant="kfac-size", damping=2.0)[1] == {**tuned, "grafting": "kfac-size"}
+    assert variant_kfac(tuned, variant="gradient", damping=2.0)[1] == {**tuned, "grafting": "gradient",
+                                                                        "kl_clip": None}
+    with pytest.raises(ValueError, match=r"'size'.*identity, kfac-size, gradient"):
+        variant_kfac(tuned, variant="size", damping=2.0)
