@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="PolyWarmUp degrees (default: %(default)s)")
     shape.add_argument("--weight-decays", type=float, nargs="+", default=list(lamb_shape.WEIGHT_DECAYS),
                        help="LAMB weight decays (default: %(default)s)")
+    shape.add_argument("--nvlamb", nargs="+", choices=["false", "true"], default=["false"],
+                       help="LAMB's trust ratio on the parameters without weight decay too (Apex's use_nvlamb; "
+                            "default: %(default)s, as shipped)")
     loop = sub.choices["minimal"]
     loop.add_argument("--regime", choices=sorted(REGIMES), required=True)
     loop.add_argument("--seeds", type=int, nargs="+", default=[FINAL_SEEDS[0]],
@@ -356,10 +359,11 @@ def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
     out = args.results / regime.name
     result = lamb_shape.lamb_shape(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args),
                                    seeds=args.seeds, vocab=args.vocab, work=args.work, out=out, info=machine(),
-                                   degrees=tuple(args.degrees), weight_decays=tuple(args.weight_decays))
-    print(table(result["rows"], ["degree", "weight_decay", "finals", "best", "mean_final"]))
+                                   degrees=tuple(args.degrees), weight_decays=tuple(args.weight_decays),
+                                   nvlambs=tuple(v == "true" for v in args.nvlamb))
+    print(table(result["rows"], ["degree", "weight_decay", "use_nvlamb", "finals", "best", "mean_final"]))
     print(f"chosen: {result['chosen']} (shipped {result['shipped']}; changes LAMB: {result['changes_lamb']}); "
-          f"wrote {out / 'lamb_shape.json'} and {out / 'lamb_shape.png'}")
+          f"wrote {' and '.join(str(out / name) for name in result['written'])}")
     return result
 
 

@@ -7,6 +7,8 @@ a bad schedule, so ``python -m benchmarks.convergence lamb-shape --regime R`` tr
 held-out MLM loss over ``--seeds`` (the tuning seed by default), as the lr/warmup tuning chose. The grid point equal
 to the shipped config is the lr/warmup tuning's own chosen run (reused). Records: ``<regime>/tune/*.json``;
 summary ``<regime>/lamb_shape.json`` and the curves ``<regime>/lamb_shape.png``. The report part is not touched.
+``--nvlamb false true`` adds Apex's NVLAMB (the trust ratio on every parameter, biases and LayerNorm included) as
+a third axis; that study writes ``lamb_shape_nvlamb.json`` / ``.png`` beside the first.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ DEGREES = (0.5, 1.0)  # PolyWarmUp's decay after warmup: square root (shipped) o
 WEIGHT_DECAYS = (0.01, 0.1)  # the shipped value and ten times it (a late-rising held-out loss is overfitting)
 
 
-def shape_settings(lamb: dict[str, Any], *, degree: float, weight_decay: float) -> dict[str, Any]:
+def shape_settings(lamb: dict[str, Any], *, degree: float, weight_decay: float,
+                   use_nvlamb: bool = False) -> dict[str, Any]:
     """LAMB's chosen lr and warmup with this shape; keys equal to the shipped config's are left out, so that point
     is the lr/warmup tuning's own run (same name and record)."""
     shipped = shipped_lamb_shape()
     settings = {"lr": lamb["lr"], "warmup": lamb["warmup"]}
-    for key, value in (("degree", degree), ("weight_decay", weight_decay)):
+    for key, value in (("degree", degree), ("weight_decay", weight_decay), ("use_nvlamb", use_nvlamb)):
         if value != shipped[key]:
             settings[key] = value
     return settings
@@ -39,23 +42,24 @@ def shape_settings(lamb: dict[str, Any], *, degree: float, weight_decay: float) 
 
 def lamb_shape(*, regime: Regime, parts: Any, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
                out: Path, info: dict[str, Any], degrees: tuple[float, ...] = DEGREES,
-               weight_decays: tuple[float, ...] = WEIGHT_DECAYS) -> dict[str, Any]:
+               weight_decays: tuple[float, ...] = WEIGHT_DECAYS,
+               nvlambs: tuple[bool, ...] = (False,)) -> dict[str, Any]:
     """Run (or reuse) LAMB at every shape × seed on the tune part; choose the lowest mean final; write the summary
     and the plot."""
     lamb = chosen["lamb"]
-    points = [(d, w) for d in degrees for w in weight_decays]
-    records: dict[tuple[float, float], list[dict[str, Any]]] = {p: [] for p in points}
-    for (degree, wd), seed in tqdm([(p, s) for p in points for s in seeds], desc=f"lamb-shape {regime.name}",
-                                   unit="run"):
-        spec = tune_spec(regime=regime, settings=shape_settings(lamb, degree=degree, weight_decay=wd),
+    points = [(d, w, n) for d in degrees for w in weight_decays for n in nvlambs]
+    records: dict[tuple[float, float, bool], list[dict[str, Any]]] = {p: [] for p in points}
+    for (degree, wd, nv), seed in tqdm([(p, s) for p in points for s in seeds], desc=f"lamb-shape {regime.name}",
+                                       unit="run"):
+        spec = tune_spec(regime=regime, settings=shape_settings(lamb, degree=degree, weight_decay=wd, use_nvlamb=nv),
                          optimizer="lamb", seed=seed)
-        records[(degree, wd)].append(run(spec, regime, parts, vocab=vocab, work=work,
-                                         record=out / "tune" / f"{spec.name}.json", machine=info))
+        records[(degree, wd, nv)].append(run(spec, regime, parts, vocab=vocab, work=work,
+                                             record=out / "tune" / f"{spec.name}.json", machine=info))
     rows: list[dict[str, Any]] = []
-    for (degree, wd), runs in records.items():
+    for (degree, wd, nv), runs in records.items():
         finals = [r["final"] for r in runs]
         done = [f for f in finals if f is not None]
-        rows.append({"degree": degree, "weight_decay": wd, "finals": finals,
+        rows.append({"degree": degree, "weight_decay": wd, "use_nvlamb": nv, "finals": finals,
                      "best": [min(r["curve"]["values"]) if r["curve"]["values"] else None for r in runs],
                      "mean_final": statistics.fmean(done) if len(done) == len(finals) else None,
                      "records": [f"tune/{r['spec']['name']}.json" for r in runs]})
@@ -64,13 +68,16 @@ def lamb_shape(*, regime: Regime, parts: Any, chosen: dict[str, Any], seeds: lis
         raise RuntimeError(f"lamb-shape {regime.name}: every run failed; see the records under {out / 'tune'}")
     best = min(finished, key=lambda r: r["mean_final"])
     shipped = shipped_lamb_shape()
-    choice = {"degree": best["degree"], "weight_decay": best["weight_decay"]}
+    choice = {"degree": best["degree"], "weight_decay": best["weight_decay"], "use_nvlamb": best["use_nvlamb"]}
     result = {"regime": regime.name, "part": "tune", "seeds": seeds, "lr": lamb["lr"], "warmup": lamb["warmup"],
               "shipped": shipped, "rows": rows, "chosen": choice, "changes_lamb": choice != shipped,
               "criterion": "lowest mean final held-out MLM loss on the tune part over the seeds", "machine": info}
-    write_json(result, out / "lamb_shape.json")
-    plot_curves({f"degree {d:g}, weight decay {w:g}": runs for (d, w), runs in records.items()},
+    stem = "lamb_shape" if nvlambs == (False,) else "lamb_shape_nvlamb"  # the NVLAMB study keeps the first one
+    result["written"] = [f"{stem}.json", f"{stem}.png"]
+    write_json(result, out / f"{stem}.json")
+    plot_curves({f"degree {d:g}, weight decay {w:g}" + (", NVLAMB" if n else ""): runs
+                 for (d, w, n), runs in records.items()},
                 title=f"LAMB's schedule shape, {regime.name} regime, tune part (lr {lamb['lr']:g}, warmup "
                       f"{lamb['warmup']:g}; seeds {seeds})",
-                ylabel="held-out MLM loss (tune part)", out=out / "lamb_shape.png")
+                ylabel="held-out MLM loss (tune part)", out=out / f"{stem}.png")
     return result

@@ -122,13 +122,16 @@ LIBRARY_DEFAULTS = "kfac-defaults"  # a RunSpec optimizer: K-FAC as ``"kfac": {"
 
 # LAMB's schedule shape and regularisation, tuned apart from lr and warmup (issue 23, 2b): where each key lives in
 # the DeepSpeed config. The shipped phase-1 config's values are the ones every run used before they were tuned.
-LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params"}
+LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params", "use_nvlamb": "optimizer.params"}
 
 
 def shipped_lamb_shape() -> dict[str, Any]:
-    """The shipped phase-1 config's PolyWarmUp degree and LAMB weight decay."""
+    """The shipped phase-1 config's PolyWarmUp degree, LAMB weight decay and NVLAMB flag (trust ratio on every
+    parameter)."""
     cfg = json.loads(LAMB_CONFIG.read_text())
-    return {"degree": cfg["lr_schedule"]["degree"], "weight_decay": cfg["optimizer"]["params"]["weight_decay"]}
+    params = cfg["optimizer"]["params"]
+    return {"degree": cfg["lr_schedule"]["degree"], "weight_decay": params["weight_decay"],
+            "use_nvlamb": params.get("use_nvlamb", False)}
 
 
 def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None,

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 # DeepSpeed's "Lamb" optimizer params (deepspeed/ops/lamb/fused_lamb.py); missing ones take Apex's defaults.
 DS_LAMB_KEYS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff",
-                "implementation")
+                "implementation", "use_nvlamb")
 ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 
 
@@ -139,12 +139,14 @@ def build_lamb(
     params_or_groups: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
     weight_decay: float = 0.01, max_grad_norm: float = 1.0, bias_correction: bool = True,
     max_coeff: float = 10.0, min_coeff: float = 0.01, implementation: LambImplementation | str = "auto",
+    use_nvlamb: bool = False,
 ) -> tuple[torch.optim.Optimizer, str]:
     """The LAMB ``implementation`` names (``auto``: the fastest of Apex semantics here) and its name; logs the
     choice and why faster ones were skipped.
 
     ``max_coeff``/``min_coeff`` clamp the trust ratio in DeepSpeed's FusedLamb only; Apex's and
-    kaisa_ds's LAMB do not clamp it.
+    kaisa_ds's LAMB do not clamp it. ``use_nvlamb``: Apex's NVLAMB, the trust ratio on every parameter, biases and
+    LayerNorm included (without it, only on those with weight decay); DeepSpeed's FusedLamb always does that.
     """
     impl = parse_enum(LambImplementation, implementation, name="optimizer.params.implementation")
     params = list(params_or_groups)
@@ -153,6 +155,7 @@ def build_lamb(
     if impl is LambImplementation.DEEPSPEED:
         return _build_deepspeed_fused_lamb(params, max_coeff=max_coeff, min_coeff=min_coeff, **common), \
             "deepspeed.FusedLamb"
+    common["use_nvlamb"] = use_nvlamb
     apex_why = "not asked for (implementation='torch')"
     if impl is not LambImplementation.TORCH:
         apex_cls, apex_why = _apex_fused_lamb(params)
@@ -203,11 +206,11 @@ def lamb_kwargs_from_ds_params(params: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"optimizer.params.betas={betas!r} is not valid; allowed: two numbers in [0, 1), "
                              "e.g. [0.9, 0.999]")
         kwargs["betas"] = (float(betas[0]), float(betas[1]))
-    if "bias_correction" in params:
-        if not isinstance(params["bias_correction"], bool):
-            raise ValueError(f"optimizer.params.bias_correction={params['bias_correction']!r} is not valid; "
-                             "allowed: true or false")
-        kwargs["bias_correction"] = params["bias_correction"]
+    for flag in ("bias_correction", "use_nvlamb"):
+        if flag in params:
+            if not isinstance(params[flag], bool):
+                raise ValueError(f"optimizer.params.{flag}={params[flag]!r} is not valid; allowed: true or false")
+            kwargs[flag] = params[flag]
     if "implementation" in params:
         kwargs["implementation"] = parse_enum(LambImplementation, params["implementation"],
                                               name="optimizer.params.implementation")

@@ -693,9 +693,30 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
                      "lamb_lr0.01_warmup0.02_weight_decay0.1", "lamb_lr0.01_warmup0.02_weight_decay0.1_seed1"]
     assert all(cfg["optimizer"]["params"]["lr"] == 0.01 and cfg["lr_schedule"]["warmup_proportion"] == 0.02
                for _, cfg in ran)
-    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01} and result["changes_lamb"]  # mean 5.30
-    assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]
+    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01, "use_nvlamb": False} and result["changes_lamb"]
+    assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]  # mean 5.30
     assert (tmp_path / "lamb_shape.png").stat().st_size > 0
+    # NVLAMB as a third axis: its runs carry use_nvlamb, the shipped point is reused, the first summary is kept
+    ran.clear()
+    finals.update({(0.5, 0.01, True): [5.1, 5.2]})
+    monkeypatch.setattr(study, "run", lambda spec, regime, parts, **_: fake_run_nv(spec, regime))
+
+    def fake_run_nv(spec: Any, regime: Any) -> dict[str, Any]:
+        cfg = spec.ds_config(regime)
+        params = cfg["optimizer"]["params"]
+        ran.append((spec.name, cfg))
+        key = (cfg["lr_schedule"]["degree"], params["weight_decay"], params.get("use_nvlamb", False))
+        final = finals[key if key[2] else key[:2]][spec.seed]
+        return {"spec": spec.key(), "final": final, "curve": {"steps": [1], "seconds": [1], "values": [final]}}
+
+    nv = study.lamb_shape(regime=REGIMES["small"], parts=None, chosen={"lamb": {"lr": 0.01, "warmup": 0.02}},
+                          seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
+                          weight_decays=(0.01,), nvlambs=(False, True))
+    assert sorted(name for name, _ in ran) == ["lamb_lr0.01_warmup0.02", "lamb_lr0.01_warmup0.02_seed1",
+                                               "lamb_lr0.01_warmup0.02_use_nvlamb1",
+                                               "lamb_lr0.01_warmup0.02_use_nvlamb1_seed1"]
+    assert nv["chosen"]["use_nvlamb"] is True and nv["written"] == ["lamb_shape_nvlamb.json", "lamb_shape_nvlamb.png"]
+    assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]
 
 
 def test_a_lamb_shape_key_outside_the_known_ones_is_refused_by_name() -> None:

@@ -154,12 +154,29 @@ def test_lamb_from_ds_config_maps_the_params() -> None:
     assert defaults.param_groups[0]["weight_decay"] == 0.01
 
 
+def test_use_nvlamb_puts_the_trust_ratio_on_the_parameters_without_weight_decay() -> None:
+    """A LayerNorm's step is lr per element without NVLAMB and lr·‖p‖ in norm with it."""
+    steps = {}
+    for nvlamb in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        torch.nn.init.constant_(model[1].weight, 3.0)
+        opt, _ = lamb_from_ds_config({"type": "Lamb", "params": {"lr": 0.1, "use_nvlamb": nvlamb}}, model)
+        before = model[1].weight.detach().clone()
+        model(torch.randn(8, 4)).pow(3).sum().backward()
+        opt.step()
+        steps[nvlamb] = float((model[1].weight.detach() - before).norm())
+    assert steps[False] == pytest.approx(0.1 * 2, rel=1e-3)  # Adam's first step: lr per element, 4 elements
+    assert steps[True] == pytest.approx(0.1 * 6, rel=1e-3)  # ‖p‖ = 3·‖1‖ = 6
+
+
 @pytest.mark.parametrize(("params", "message"), [
     ({"learning_rate": 1e-3}, r"unknown Lamb key\(s\) \['learning_rate'\]; allowed keys: \['lr', 'betas'"),
     ({"lr": "fast"}, r"optimizer\.params\.lr='fast' is not valid; allowed: a number >= 0"),
     ({"betas": [0.9]}, r"optimizer\.params\.betas=\[0\.9\] is not valid"),
     ({"max_grad_norm": -1}, r"optimizer\.params\.max_grad_norm=-1"),
     ({"bias_correction": 1}, r"optimizer\.params\.bias_correction=1 is not valid; allowed: true or false"),
+    ({"use_nvlamb": "yes"}, r"optimizer\.params\.use_nvlamb='yes' is not valid; allowed: true or false"),
     ({"min_coeff": 5, "max_coeff": 1}, "min_coeff must not exceed max_coeff"),
     ({"implementation": "fused"}, r"optimizer\.params\.implementation='fused' is not valid; allowed values: "
                                   r"'auto'.*'deepspeed'"),
