@@ -1012,3 +1012,25 @@ def test_ablation_variants_change_only_the_step_they_name() -> None:
                                                                         "kl_clip": None}
     with pytest.raises(ValueError, match=r"'size'.*identity, kfac-size, gradient"):
         variant_kfac(tuned, variant="size", damping=2.0)
+
+
+def test_size_direction_reads_the_recorded_variants_and_leaves_out_missing_ones(tmp_path: Path) -> None:
+    from benchmarks.convergence import size_direction
+
+    def write(stem: str, seed: int, values: list[float]) -> None:
+        path = tmp_path / "small" / (f"{stem}.json" if stem.startswith("tune/") and seed == 0 else
+                                     f"{stem}_seed{seed}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        steps = [50, 250, 750, 1000, 1500]
+        path.write_text(json.dumps({"final": values[-1], "spec": {"seed": seed},
+                                    "curve": {"steps": steps, "seconds": steps, "values": values}}))
+
+    lamb, defaults = size_direction.STEMS["small"]
+    for seed in (0, 1):
+        write(lamb, seed, [7.8, 6.2, 5.5, 5.5, 5.3 + seed])
+        write(defaults, seed, [6.9, 6.3, 5.7, 5.4, 5.0])
+        write("defaults_tune/defaults_graftingkfac-size", seed, [6.8, 6.3, 6.0, 5.9, 5.45])
+    found = size_direction.main(["--regime", "small", "--results", str(tmp_path)])
+    assert [r["variant"][:2] for r in found] == ["LA", "E:", "S:"]  # G has no records: left out
+    assert found[0]["final"] == "5.300 / 6.300" and found[2]["step 750"] == "6.00 / 6.00"
+    assert (tmp_path / "small" / "grafting_tune.png").stat().st_size > 10_000

@@ -1,0 +1,76 @@
+"""K-FAC's step split into its size and its direction, from recorded tune-part runs (issue 23, 2c).
+
+``python -m benchmarks.convergence.size_direction --regime large`` reads the records that
+``benchmarks.convergence defaults --part tune --set grafting=...`` wrote beside LAMB's tuning runs and the defaults'
+(E) runs, prints each one's held-out MLM loss at a few steps and at the end, and plots them
+(``<regime>/grafting_tune.png``): LAMB; E, K-FAC's direction and size; G, K-FAC's direction at the gradient's size
+(``grafting: "gradient"``, no KL clip); S, the gradient's direction at K-FAC's size (``grafting: "kfac-size"``).
+A variant without records for the regime is left out. Nothing is trained here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.convergence.analysis import curve_of
+from benchmarks.convergence.plots import plot_curves
+from benchmarks.harness.output import table
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "convergence"
+SEEDS = (0, 1)
+# regime -> LAMB's chosen tuning run stem and E's record stem on the tune part (rule 3: "auto" is 10 / 50 there)
+STEMS = {"large": ("tune/lamb_lr0.02_warmup0.2", "defaults_tune/defaults_inv_update_steps10"),
+         "small": ("tune/lamb_lr0.01_warmup0.02", "defaults_tune/defaults_factor_update_steps5_inv_update_steps50")}
+VARIANTS = {"G: K-FAC's direction, the gradient's size": "defaults_tune/defaults_graftinggradient_kl_clipNone",
+            "S: the gradient's direction, K-FAC's size": "defaults_tune/defaults_graftingkfac-size"}
+AT = {"large": (15, 60, 150, 300), "small": (50, 250, 750, 1000)}
+
+
+def record_paths(regime: str, results: Path = RESULTS) -> dict[str, list[Path]]:
+    """Label -> the seeds' record paths that exist (LAMB's seed-0 run is its tuning run, without a seed suffix)."""
+    lamb, defaults = STEMS[regime]
+    stems = {"LAMB (tuned)": lamb, "E: the defaults, K-FAC's direction and size": defaults, **VARIANTS}
+    out: dict[str, list[Path]] = {}
+    for label, stem in stems.items():
+        paths = [results / regime / (f"{stem}.json" if label.startswith("LAMB") and seed == 0 else
+                                     f"{stem}_seed{seed}.json") for seed in SEEDS]
+        if all(p.is_file() for p in paths):
+            out[label] = paths
+    return out
+
+
+def rows(records: dict[str, list[dict[str, Any]]], at: tuple[int, ...]) -> list[dict[str, Any]]:
+    """One row per variant: the held-out loss at each step of ``at`` and at the end, seeds joined by ' / '."""
+    out = []
+    for label, runs in records.items():
+        row: dict[str, Any] = {"variant": label}
+        for step in at:
+            row[f"step {step}"] = " / ".join(f"{dict(zip(curve_of(r).steps, curve_of(r).values))[step]:.2f}"
+                                             for r in runs)
+        row["final"] = " / ".join(f"{r['final']:.3f}" for r in runs)
+        out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--regime", choices=sorted(STEMS), required=True)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    records = {label: [json.loads(p.read_text()) for p in paths]
+               for label, paths in record_paths(args.regime, args.results).items()}
+    found = rows(records, AT[args.regime])
+    print(table(found, list(found[0])))
+    out = args.results / args.regime / "grafting_tune.png"
+    plot_curves(records, title=f"{args.regime} regime, tune part, LAMB's lr: K-FAC's direction vs its size "
+                               f"(seeds {', '.join(map(str, SEEDS))})",
+                ylabel="held-out MLM loss (tune part)", out=out)
+    print(f"wrote {out}")
+    return found
+
+
+if __name__ == "__main__":
+    main()
