@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "reported on --text's report part, into a --results folder of its own")
     dflt.add_argument("--set", dest="kfac_set", metavar="KEY=VALUE", nargs="+", default=[], type=defaults.kfac_setting,
                       help="kfac keys on top of {\"enabled\": true} (a candidate default; --part tune only)")
+    dflt.add_argument("--lamb-set", dest="lamb_set", metavar="KEY=VALUE", nargs="+", default=[],
+                      type=defaults.kfac_setting,
+                      help="LAMB keys under K-FAC (an ablation of how K-FAC meets LAMB, e.g. max_grad_norm=0; "
+                           "--part tune only)")
     shape = sub.choices["lamb-shape"]
     shape.add_argument("--regime", choices=sorted(REGIMES), required=True)
     shape.add_argument("--seeds", type=int, nargs="+", default=[TUNE_SEED],
@@ -340,15 +344,15 @@ def run_ablation(args: argparse.Namespace) -> dict[str, Any]:
 def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """``defaults``: K-FAC at the library's defaults and LAMB's lr beside the tuned K-FAC, reusing the finals (or,
     with ``--part tune``, a candidate default beside LAMB's tuning run)."""
-    extra = dict(args.kfac_set)
-    if extra and args.part != "tune":
+    extra, lamb_set = dict(args.kfac_set), dict(args.lamb_set) or None
+    if (extra or lamb_set) and args.part != "tune":
         raise SystemExit("--set: candidate defaults are tried on the tune part only (add --part tune); the report "
                          "part measures what the library ships")
     if args.chosen_from is not None and args.part == "tune":
         raise SystemExit("--chosen-from: the transfer case is reported on the report part; leave out --part tune")
     if args.part == "tune" and args.seeds is None:
         args.seeds = [TUNE_SEED]  # the tuning seed unless more are asked for
-    return _variants(args, lambda **kw: defaults.defaults(part=args.part, extra=extra, **kw),
+    return _variants(args, lambda **kw: defaults.defaults(part=args.part, extra=extra, lamb_shape=lamb_set, **kw),
                      "defaults_tune.json" if args.part == "tune" else "defaults.json")
 
 

@@ -37,24 +37,29 @@ def _plain(value: Any) -> str:
     return str(value)
 
 
-def candidate_name(extra: dict[str, Any]) -> str:
-    """``defaults`` plus the keys set on top of ``{"enabled": true}``, as a record name."""
-    return "defaults" + "".join(f"_{k}{_plain(v)}" for k, v in sorted(extra.items()))
+def candidate_name(extra: dict[str, Any], lamb_shape: dict[str, Any] | None = None) -> str:
+    """``defaults`` plus the keys set on top of ``{"enabled": true}`` (and the LAMB keys changed under it), as a
+    record name."""
+    return ("defaults" + "".join(f"_{k}{_plain(v)}" for k, v in sorted(extra.items()))
+            + "".join(f"_lamb_{k}{_plain(v)}" for k, v in sorted((lamb_shape or {}).items())))
 
 
 def defaults_spec(*, regime: Any, lamb: dict[str, Any], seed: int, steps: int, part: str = "report",
-                  extra: dict[str, Any] | None = None) -> RunSpec:
-    """K-FAC with the section ``{"enabled": true, **extra}`` at LAMB's chosen learning rate and warmup."""
+                  extra: dict[str, Any] | None = None, lamb_shape: dict[str, Any] | None = None) -> RunSpec:
+    """K-FAC with the section ``{"enabled": true, **extra}`` at LAMB's chosen learning rate and warmup (and with
+    ``lamb_shape``'s LAMB keys, an ablation of how K-FAC meets LAMB)."""
     extra = dict(extra or {})
-    return RunSpec(name=f"{candidate_name(extra)}_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS,
-                   lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed, eval_part=part, kfac=extra)
+    return RunSpec(name=f"{candidate_name(extra, lamb_shape)}_seed{seed}", regime=regime.name,
+                   optimizer=LIBRARY_DEFAULTS, lr=lamb["lr"], warmup=lamb["warmup"], steps=steps, seed=seed,
+                   eval_part=part, kfac=extra, lamb_shape=dict(lamb_shape) if lamb_shape else None)
 
 
 def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int], vocab: Path, work: Path,
              out: Path, info: dict[str, Any], part: str = "report",
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             extra: dict[str, Any] | None = None, lamb_shape: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run (or reuse) LAMB, the tuned K-FAC (report part only) and K-FAC at the library's defaults (with
-    ``extra`` keys set); write ``defaults.json`` (``defaults_tune.json`` for the tune part)."""
+    ``extra`` keys set, and ``lamb_shape``'s LAMB keys under it); write ``defaults.json`` (``defaults_tune.json``
+    for the tune part)."""
     extra = dict(extra or {})
     tune = part == "tune"
     steps = regime.tune_steps if tune else regime.steps
@@ -65,7 +70,8 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
     lamb = chosen["lamb"]
     for seed, name in tqdm([(s, n) for s in seeds for n in names], desc=f"defaults {regime.name} {part}", unit="run"):
         if name == "defaults":
-            spec = defaults_spec(regime=regime, lamb=lamb, seed=seed, steps=steps, part=part, extra=extra)
+            spec = defaults_spec(regime=regime, lamb=lamb, seed=seed, steps=steps, part=part, extra=extra,
+                                 lamb_shape=lamb_shape)
             record = folder / f"{spec.name}.json"
         elif name == "lamb" and tune:  # the chosen LAMB tuning run, under the name tune gave it
             spec = tune_spec(regime=regime, settings=lamb, optimizer="lamb", seed=seed)
@@ -88,9 +94,9 @@ def defaults(*, regime: Any, parts: Any, chosen: dict[str, Any], seeds: list[int
     written = out / ("defaults_tune.json" if tune else "defaults.json")
     if tune:  # one file for every candidate tried on the tune part
         earlier = json.loads(written.read_text()) if written.is_file() else {}
-        result = {**earlier, candidate_name(extra): result}
+        result = {**earlier, candidate_name(extra, lamb_shape): result}
     written.write_text(json.dumps(result, indent=1) + "\n")
-    return result if not tune else result[candidate_name(extra)]
+    return result if not tune else result[candidate_name(extra, lamb_shape)]
 
 
 def kfac_setting(text: str) -> tuple[str, Any]:

@@ -122,7 +122,8 @@ LIBRARY_DEFAULTS = "kfac-defaults"  # a RunSpec optimizer: K-FAC as ``"kfac": {"
 
 # LAMB's schedule shape and regularisation, tuned apart from lr and warmup (issue 23, 2b): where each key lives in
 # the DeepSpeed config. The shipped phase-1 config's values are the ones every run used before they were tuned.
-LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params", "use_nvlamb": "optimizer.params"}
+LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params", "use_nvlamb": "optimizer.params",
+                   "max_grad_norm": "optimizer.params"}
 
 
 def shipped_lamb_shape() -> dict[str, Any]:

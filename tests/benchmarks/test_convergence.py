@@ -1034,3 +1034,17 @@ def test_size_direction_reads_the_recorded_variants_and_leaves_out_missing_ones(
     assert [r["variant"][:2] for r in found] == ["LA", "E:", "S:"]  # G has no records: left out
     assert found[0]["final"] == "5.300 / 6.300" and found[2]["step 750"] == "6.00 / 6.00"
     assert (tmp_path / "small" / "grafting_tune.png").stat().st_size > 10_000
+
+
+def test_a_defaults_run_can_change_lamb_under_kfac_and_is_named_for_it() -> None:
+    from benchmarks.convergence.defaults import defaults_spec
+
+    spec = defaults_spec(regime=REGIMES["large"], lamb={"lr": 0.02, "warmup": 0.2}, seed=1, steps=10, part="tune",
+                         extra={"grafting": "kfac-size"}, lamb_shape={"max_grad_norm": 0})
+    assert spec.name == "defaults_graftingkfac-size_lamb_max_grad_norm0_seed1"
+    cfg = spec.ds_config(REGIMES["large"])
+    assert cfg["optimizer"]["params"]["max_grad_norm"] == 0 and cfg["kfac"] == {"enabled": True,
+                                                                                "grafting": "kfac-size"}
+    plain = defaults_spec(regime=REGIMES["large"], lamb={"lr": 0.02, "warmup": 0.2}, seed=1, steps=10, part="tune")
+    assert "max_grad_norm" not in plain.ds_config(REGIMES["large"])["optimizer"]["params"]
+    assert "lamb_shape" not in plain.key()  # records made before the option keep their key
