@@ -67,12 +67,13 @@ class DampingMode(str, enum.Enum):
 class Grafting(str, enum.Enum):
     """What sets the size of each layer's preconditioned gradient (``KFACConfig.grafting``).
 
-    ``none`` (the default): the preconditioner's own size, bounded by the KL clip. Under LAMB or Adam that size
-    mostly does not reach the step (the optimizer normalises it away), but its change from step to step does: the
-    KL clip's scale ν moved 30–400× within one BERT run at LAMB's learning rate, so the optimizer's second moments
-    stay those of the few early unclipped steps. ``gradient``: each layer's preconditioned gradient is rescaled to
-    the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses the direction, the gradient its size), so the
-    optimizer after it sees the scale it would have seen without K-FAC. ``kfac-size``: an ablation, the raw
+    ``none`` (the default): the preconditioner's own size, bounded by the KL clip. Under LAMB that size mostly does
+    not reach the step (LAMB normalises each tensor), but its change from step to step does: the KL clip's ν moved
+    30–400× within one BERT run at LAMB's learning rate, and through LAMB's global-norm pre-normalisation that
+    changes the steps of every other parameter (benchmarks/README.md, "Size or direction"). ``gradient``: each
+    layer's preconditioned gradient is rescaled to the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses
+    the direction, the gradient its size), so the optimizer after it sees the scale it would have seen without
+    K-FAC. ``kfac-size``: an ablation, the raw
     gradient's direction at the size K-FAC's step has (KL clip included): what K-FAC gives without its curvature.
     """
 
