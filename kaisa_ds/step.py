@@ -235,8 +235,7 @@ def broadcast_gradients(p: StepOwner, s: LayerStructure, grads: dict[str, torch.
 
 
 def run_step(p: StepOwner) -> StepOutcome | None:
-    """The whole K-FAC step (see the module docstring); None when it did nothing (called again without a new
-    backward pass)."""
+    """The whole K-FAC step (see the module docstring); None when called again without a new backward pass."""
     s = p.ensure_structure()  # raises before changing anything when no layer fired
     params = [ly.helper.weight for ly in s.layers.values()]
     if p.watermark.unchanged(p.grads, params):
@@ -283,18 +282,19 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
+        steps, raw = [pre[n] for n in names], [grads[n] for n in names]
         if p.config.grafting is Grafting.GRADIENT:
-            pre.update(zip(names, graft([pre[n] for n in names], [grads[n] for n in names])))
+            steps = graft(steps, raw)
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
-        nu = kl_clip_scale([pre[n] for n in names], [grads[n] for n in names], lr=lr, kl_clip=kl) if kl else None
+        nu = kl_clip_scale(steps, raw, lr=lr, kl_clip=kl) if kl is not None else None
         if p.config.grafting is Grafting.KFAC_SIZE:  # after ν: the size is K-FAC's, clip included
-            pre.update(zip(names, graft([grads[n] for n in names], [pre[n] for n in names])))
-        p.diagnostics.record_step(kl_scale=nu, damping=(d := p.config.damping_at(step)).value, lr=lr,
-                                  damping_mode=d.mode)
+            steps = graft(raw, steps)
+        damping = p.config.damping_at(step)
+        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
         scale = p.loss_scale()
-        for n in names:
-            out = pre[n] * nu if nu is not None else pre[n]
+        for n, out in zip(names, steps):
+            out = out * nu if nu is not None else out
             s.layers[n].helper.write_grad(p.grads, out * scale if scale != 1.0 else out)
     p.watermark.record(p.grads, params)
     return outcome
