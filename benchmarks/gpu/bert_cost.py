@@ -77,7 +77,7 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         compute_method=method, inv_dtype=ctx.args.inv_dtype or k["inv_dtype"],
         repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
-        relative_damping=ctx.args.relative_damping,
+        damping=None, relative_damping=ctx.args.relative_damping,
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
 

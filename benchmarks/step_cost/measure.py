@@ -55,11 +55,9 @@ def damping_of(args: argparse.Namespace) -> tuple[float | None, float | None]:
     """K-FAC's ``(damping, relative_damping)``: ``--relative-damping`` when given (the library's mode), else the
     absolute ``--damping`` (default :data:`ABSOLUTE_DAMPING`). The inverse method's cost depends on it: a small
     absolute damping sends FP16 factors past Cholesky to an eigendecomposition (``benchmarks.indefinite``)."""
-    relative = getattr(args, "relative_damping", None)
-    if relative is not None:
-        return None, relative
-    absolute = getattr(args, "damping", None)
-    return (ABSOLUTE_DAMPING if absolute is None else absolute), None
+    if args.relative_damping is not None:
+        return None, args.relative_damping
+    return (ABSOLUTE_DAMPING if args.damping is None else args.damping), None
 
 
 class StepCostRun:

@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import json
+from argparse import Namespace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from benchmarks.harness.interval import Interval, amortise
 from benchmarks.step_cost.cli import main
-from benchmarks.step_cost.measure import COMPONENTS, STEP_STAGES
+from benchmarks.step_cost.measure import COMPONENTS, STEP_STAGES, StepCostRun
+from kaisa_ds.enums import ComputeMethod
+
+
+def tiny_run_args(**overrides: Any) -> Namespace:
+    """StepCostRun's arguments as the CLI gives them, at toy size (eigen, exact, absolute damping 0.001)."""
+    return Namespace(**{"size": "tiny", "vocab": 300, "seq": 16, "batch": 2, "lr": 1e-3, "factor_every": 2,
+                        "inv_every": 4, "factor_dtype": None, "sample_fraction": 1.0,
+                        "compute_method": ComputeMethod.EIGEN, "inv_dtype": "fp32", "dtype": "fp32",
+                        "accumulation": 1, "pass_fraction": 1.0, "damping": None, "relative_damping": None,
+                        **overrides})
 
 
 def test_interval_counts_every_kind_of_step_once_per_interval() -> None:
@@ -81,14 +93,7 @@ def test_tiny_run_writes_every_figure(tmp_path: Path) -> None:
 
 def test_a_step_times_every_accumulated_pass_and_k_fac_samples_the_passes() -> None:
     """--accumulation runs every pass on both models; --pass-fraction reaches K-FAC's pass sampler."""
-    from argparse import Namespace
-
-    from benchmarks.step_cost.measure import StepCostRun
-    from kaisa_ds.enums import ComputeMethod
-
-    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
-                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.EIGEN, inv_dtype="fp32",
-                     dtype="fp32", accumulation=3, pass_fraction=0.34)
+    args = tiny_run_args(accumulation=3, pass_fraction=0.34)
     run = StepCostRun(args, torch.device("cpu"))
     forwards = {"base": 0, "kfac": 0}
     for key, model in (("base", run.side_by_side.base), ("kfac", run.kfac.model)):
@@ -121,27 +126,13 @@ def test_bad_accumulation_flags_are_refused_by_name(flags: list[str], capsys: py
 def test_the_damping_reaches_k_fac_in_the_mode_given(given: dict[str, float], relative: bool, value: float) -> None:
     """The inverse method's cost depends on the damping (benchmarks.indefinite): step_cost ran every earlier figure
     at an absolute 0.001 it could not change."""
-    from argparse import Namespace
-
-    from benchmarks.step_cost.measure import StepCostRun
-    from kaisa_ds.enums import ComputeMethod
-
-    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
-                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.INVERSE, inv_dtype="fp32",
-                     dtype="fp32", accumulation=1, pass_fraction=1.0, **given)
+    args = tiny_run_args(compute_method=ComputeMethod.INVERSE, **given)
     damping = StepCostRun(args, torch.device("cpu")).kfac.config.damping_at(0)
     assert damping.relative is relative and damping.value == pytest.approx(value)
 
 
 def test_a_damping_of_zero_is_refused_by_name_not_replaced() -> None:
     """``--damping 0`` once became the default 0.001 without a word (``or`` treated 0 as unset)."""
-    from argparse import Namespace
-
-    from benchmarks.step_cost.measure import StepCostRun
-    from kaisa_ds.enums import ComputeMethod
-
-    args = Namespace(size="tiny", vocab=300, seq=16, batch=2, lr=1e-3, factor_every=2, inv_every=4,
-                     factor_dtype=None, sample_fraction=1.0, compute_method=ComputeMethod.EIGEN, inv_dtype="fp32",
-                     dtype="fp32", accumulation=1, pass_fraction=1.0, damping=0.0)
+    args = tiny_run_args(damping=0.0)
     with pytest.raises(ValueError, match=r"damping=0\.0 is not valid"):
         StepCostRun(args, torch.device("cpu"))
