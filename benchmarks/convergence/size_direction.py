@@ -17,29 +17,30 @@ from typing import Any
 
 from benchmarks.convergence.analysis import curve_of
 from benchmarks.convergence.plots import plot_curves
+from benchmarks.convergence.regimes import REGIMES
+from benchmarks.convergence.runner import tune_spec
 from benchmarks.harness.output import table
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "convergence"
 SEEDS = (0, 1)
-# regime -> LAMB's chosen tuning run stem and E's record stem on the tune part (rule 3: "auto" is 10 / 50 there)
-STEMS = {"large": ("tune/lamb_lr0.02_warmup0.2", "defaults_tune/defaults_inv_update_steps10"),
-         "small": ("tune/lamb_lr0.01_warmup0.02", "defaults_tune/defaults_factor_update_steps5_inv_update_steps50")}
+# regime -> E's record stem on the tune part: the rules' records of the intervals "auto" resolves to there (rule 3)
+DEFAULTS_STEMS = {"large": "defaults_tune/defaults_inv_update_steps10",
+                  "small": "defaults_tune/defaults_factor_update_steps5_inv_update_steps50"}
 VARIANTS = {"G: K-FAC's direction, the gradient's size": "defaults_tune/defaults_graftinggradient_kl_clipNone",
             "S: the gradient's direction, K-FAC's size": "defaults_tune/defaults_graftingkfac-size"}
 AT = {"large": (15, 60, 150, 300), "small": (50, 250, 750, 1000)}
 
 
 def record_paths(regime: str, results: Path = RESULTS) -> dict[str, list[Path]]:
-    """Label -> the seeds' record paths that exist (LAMB's seed-0 run is its tuning run, without a seed suffix)."""
-    lamb, defaults = STEMS[regime]
-    stems = {"LAMB (tuned)": lamb, "E: the defaults, K-FAC's direction and size": defaults, **VARIANTS}
-    out: dict[str, list[Path]] = {}
+    """Label -> the seeds' record paths that exist. LAMB's are its chosen tuning run's (``chosen.json``), named as
+    the tuning sweep names them."""
+    lamb = json.loads((results / regime / "chosen.json").read_text())["lamb"]
+    names = [tune_spec(regime=REGIMES[regime], settings=lamb, optimizer="lamb", seed=seed).name for seed in SEEDS]
+    out = {"LAMB (tuned)": [results / regime / "tune" / f"{name}.json" for name in names]}
+    stems = {"E: the defaults, K-FAC's direction and size": DEFAULTS_STEMS[regime], **VARIANTS}
     for label, stem in stems.items():
-        paths = [results / regime / (f"{stem}.json" if label.startswith("LAMB") and seed == 0 else
-                                     f"{stem}_seed{seed}.json") for seed in SEEDS]
-        if all(p.is_file() for p in paths):
-            out[label] = paths
-    return out
+        out[label] = [results / regime / f"{stem}_seed{seed}.json" for seed in SEEDS]
+    return {label: paths for label, paths in out.items() if all(p.is_file() for p in paths)}
 
 
 def rows(records: dict[str, list[dict[str, Any]]], at: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -57,7 +58,7 @@ def rows(records: dict[str, list[dict[str, Any]]], at: tuple[int, ...]) -> list[
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--regime", choices=sorted(STEMS), required=True)
+    parser.add_argument("--regime", choices=sorted(DEFAULTS_STEMS), required=True)
     parser.add_argument("--results", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     records = {label: [json.loads(p.read_text()) for p in paths]

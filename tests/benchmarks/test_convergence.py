@@ -1025,7 +1025,9 @@ def test_size_direction_reads_the_recorded_variants_and_leaves_out_missing_ones(
         path.write_text(json.dumps({"final": values[-1], "spec": {"seed": seed},
                                     "curve": {"steps": steps, "seconds": steps, "values": values}}))
 
-    lamb, defaults = size_direction.STEMS["small"]
+    (tmp_path / "small").mkdir()
+    (tmp_path / "small" / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01, "warmup": 0.02}}))
+    lamb, defaults = "tune/lamb_lr0.01_warmup0.02", size_direction.DEFAULTS_STEMS["small"]
     for seed in (0, 1):
         write(lamb, seed, [7.8, 6.2, 5.5, 5.5, 5.3 + seed])
         write(defaults, seed, [6.9, 6.3, 5.7, 5.4, 5.0])
