@@ -346,8 +346,8 @@ def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
     with ``--part tune``, a candidate default beside LAMB's tuning run)."""
     extra, lamb_set = dict(args.kfac_set), dict(args.lamb_set) or None
     if (extra or lamb_set) and args.part != "tune":
-        raise SystemExit("--set: candidate defaults are tried on the tune part only (add --part tune); the report "
-                         "part measures what the library ships")
+        raise SystemExit("--set/--lamb-set: candidate defaults and ablations are tried on the tune part only (add "
+                         "--part tune); the report part measures what the library ships")
     if args.chosen_from is not None and args.part == "tune":
         raise SystemExit("--chosen-from: the transfer case is reported on the report part; leave out --part tune")
     if args.part == "tune" and args.seeds is None:

@@ -699,9 +699,8 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
     # NVLAMB as a third axis: its runs carry use_nvlamb, the shipped point is reused, the first summary is kept
     ran.clear()
     finals.update({(0.5, 0.01, True): [5.1, 5.2]})
-    monkeypatch.setattr(study, "run", lambda spec, regime, parts, **_: fake_run_nv(spec, regime))
 
-    def fake_run_nv(spec: Any, regime: Any) -> dict[str, Any]:
+    def fake_run_nv(spec: Any, regime: Any, parts: Any, **_: Any) -> dict[str, Any]:
         cfg = spec.ds_config(regime)
         params = cfg["optimizer"]["params"]
         ran.append((spec.name, cfg))
@@ -709,6 +708,7 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
         final = finals[key if key[2] else key[:2]][spec.seed]
         return {"spec": spec.key(), "final": final, "curve": {"steps": [1], "seconds": [1], "values": [final]}}
 
+    monkeypatch.setattr(study, "run", fake_run_nv)
     nv = study.lamb_shape(regime=REGIMES["small"], parts=None, chosen={"lamb": {"lr": 0.01, "warmup": 0.02}},
                           seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
                           weight_decays=(0.01,), nvlambs=(False, True))
@@ -1050,3 +1050,8 @@ def test_a_defaults_run_can_change_lamb_under_kfac_and_is_named_for_it() -> None
     plain = defaults_spec(regime=REGIMES["large"], lamb={"lr": 0.02, "warmup": 0.2}, seed=1, steps=10, part="tune")
     assert "max_grad_norm" not in plain.ds_config(REGIMES["large"])["optimizer"]["params"]
     assert "lamb_shape" not in plain.key()  # records made before the option keep their key
+
+
+def test_lamb_keys_under_kfac_are_refused_on_the_report_part_by_name(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--lamb-set.*--part tune"):
+        main(["defaults", "--regime", "small", "--lamb-set", "max_grad_norm=0", "--results", str(tmp_path)])
