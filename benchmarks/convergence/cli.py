@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--nvlamb", nargs="+", choices=["false", "true"], default=["false"],
                        help="LAMB's trust ratio on the parameters without weight decay too (Apex's use_nvlamb; "
                             "default: %(default)s, as shipped)")
+    shape.add_argument("--max-grad-norms", type=float, nargs="+",
+                       help="LAMB's global-norm pre-normalisation thresholds as an axis (0: off; default: the "
+                            "shipped one only)")
     loop = sub.choices["minimal"]
     loop.add_argument("--regime", choices=sorted(REGIMES), required=True)
     loop.add_argument("--seeds", type=int, nargs="+", default=[FINAL_SEEDS[0]],
@@ -364,8 +367,10 @@ def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
     result = lamb_shape.lamb_shape(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args),
                                    seeds=args.seeds, vocab=args.vocab, work=args.work, out=out, info=machine(),
                                    degrees=tuple(args.degrees), weight_decays=tuple(args.weight_decays),
-                                   nvlambs=tuple(v == "true" for v in args.nvlamb))
-    print(table(result["rows"], ["degree", "weight_decay", "use_nvlamb", "finals", "best", "mean_final"]))
+                                   nvlambs=tuple(v == "true" for v in args.nvlamb),
+                                   max_grad_norms=tuple(args.max_grad_norms) if args.max_grad_norms else None)
+    print(table(result["rows"], ["degree", "weight_decay", "use_nvlamb", "max_grad_norm", "finals", "best",
+                                 "mean_final"]))
     print(f"chosen: {result['chosen']} (shipped {result['shipped']}; changes LAMB: {result['changes_lamb']}); "
           f"wrote {' and '.join(str(out / name) for name in result['written'])}")
     return result

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaisa_ds.optim import APEX_MAX_GRAD_NORM
+
 REPO = Path(__file__).resolve().parents[2]
 LAMB_CONFIG = REPO / "ds_configs" / "bert_tiny_phase1.json"
 KFAC_CONFIG = REPO / "ds_configs" / "bert_tiny_phase1_kfac.json"
@@ -127,12 +129,13 @@ LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params", 
 
 
 def shipped_lamb_shape() -> dict[str, Any]:
-    """The shipped phase-1 config's PolyWarmUp degree, LAMB weight decay and NVLAMB flag (trust ratio on every
-    parameter)."""
+    """The shipped phase-1 config's PolyWarmUp degree, LAMB weight decay, NVLAMB flag (trust ratio on every
+    parameter) and global-norm threshold (``max_grad_norm``; absent from the config: Apex's default)."""
     cfg = json.loads(LAMB_CONFIG.read_text())
     params = cfg["optimizer"]["params"]
     return {"degree": cfg["lr_schedule"]["degree"], "weight_decay": params["weight_decay"],
-            "use_nvlamb": params.get("use_nvlamb", False)}
+            "use_nvlamb": params.get("use_nvlamb", False),
+            "max_grad_norm": params.get("max_grad_norm", APEX_MAX_GRAD_NORM)}
 
 
 def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None,

@@ -693,7 +693,8 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
                      "lamb_lr0.01_warmup0.02_weight_decay0.1", "lamb_lr0.01_warmup0.02_weight_decay0.1_seed1"]
     assert all(cfg["optimizer"]["params"]["lr"] == 0.01 and cfg["lr_schedule"]["warmup_proportion"] == 0.02
                for _, cfg in ran)
-    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01, "use_nvlamb": False} and result["changes_lamb"]
+    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01, "use_nvlamb": False, "max_grad_norm": 1.0}
+    assert result["changes_lamb"]
     assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]  # mean 5.30
     assert (tmp_path / "lamb_shape.png").stat().st_size > 0
     # NVLAMB as a third axis: its runs carry use_nvlamb, the shipped point is reused, the first summary is kept
@@ -717,6 +718,35 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
                                                "lamb_lr0.01_warmup0.02_use_nvlamb1_seed1"]
     assert nv["chosen"]["use_nvlamb"] is True and nv["written"] == ["lamb_shape_nvlamb.json", "lamb_shape_nvlamb.png"]
     assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]
+
+
+def test_lamb_shape_max_grad_norm_axis_trains_lamb_without_the_pre_normalisation_into_a_summary_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control for K-FAC under ``--lamb-set max_grad_norm=0``: LAMB itself without the global-norm
+    pre-normalisation. The shipped threshold is the tuning's own run (reused by name, no key in its config); the
+    0 point puts max_grad_norm 0 in LAMB's params; the first study's summary is kept."""
+    from benchmarks.convergence import lamb_shape as study
+
+    (tmp_path / "lamb_shape.json").write_text(json.dumps({"chosen": "the first study's"}))
+    ran: dict[str, dict[str, Any]] = {}
+
+    def fake_run(spec: Any, regime: Any, parts: Any, **_: Any) -> dict[str, Any]:
+        params = spec.ds_config(regime)["optimizer"]["params"]
+        ran[spec.name] = params
+        final = 5.2 if params.get("max_grad_norm", 1.0) == 0 else 5.4
+        return {"spec": spec.key(), "final": final, "curve": {"steps": [1], "seconds": [1], "values": [final]}}
+
+    monkeypatch.setattr(study, "run", fake_run)
+    result = study.lamb_shape(regime=REGIMES["large"], parts=None, chosen={"lamb": {"lr": 0.02, "warmup": 0.2}},
+                              seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
+                              weight_decays=(0.01,), max_grad_norms=(1.0, 0.0))
+    assert sorted(ran) == ["lamb_lr0.02_warmup0.2", "lamb_lr0.02_warmup0.2_max_grad_norm0",
+                           "lamb_lr0.02_warmup0.2_max_grad_norm0_seed1", "lamb_lr0.02_warmup0.2_seed1"]
+    assert "max_grad_norm" not in ran["lamb_lr0.02_warmup0.2"] and ran["lamb_lr0.02_warmup0.2_max_grad_norm0"][
+        "max_grad_norm"] == 0
+    assert result["chosen"]["max_grad_norm"] == 0 and result["written"] == ["lamb_shape_max_grad_norm.json",
+                                                                            "lamb_shape_max_grad_norm.png"]
+    assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == "the first study's"
 
 
 def test_a_lamb_shape_key_outside_the_known_ones_is_refused_by_name() -> None:
