@@ -31,7 +31,7 @@ from tqdm import tqdm
 from benchmarks.convergence import ablation, analysis, defaults, lamb_shape, minimal
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
-from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick
+from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick, shipped_lamb_shape
 from benchmarks.convergence.runner import TUNE_SEED, final_spec, kfac_keys, run, tune_spec
 from benchmarks.convergence.scale import check_scale, scale_of
 from benchmarks.harness.machine import machine, machine_line
@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--nvlamb", nargs="+", choices=["false", "true"], default=["false"],
                        help="LAMB's trust ratio on the parameters without weight decay too (Apex's use_nvlamb; "
                             "default: %(default)s, as shipped)")
+    shape.add_argument("--eps", type=float, nargs="+",
+                       help="Adam epsilons of LAMB as an axis (default: the shipped one only, Apex's 1e-6)")
     shape.add_argument("--max-grad-norms", type=float, nargs="+",
                        help="LAMB's global-norm pre-normalisation thresholds as an axis (0: off; default: the "
                             "shipped one only)")
@@ -359,6 +361,17 @@ def run_defaults(args: argparse.Namespace) -> dict[str, Any]:
                      "defaults_tune.json" if args.part == "tune" else "defaults.json")
 
 
+def extra_lamb_axes(args: argparse.Namespace) -> dict[str, tuple[Any, ...]]:
+    """The optional lamb-shape axes given on the command line (NVLAMB only when it is more than the shipped off)."""
+    axes: dict[str, tuple[Any, ...]] = {}
+    if args.nvlamb != ["false"]:
+        axes["use_nvlamb"] = tuple(v == "true" for v in args.nvlamb)
+    for key, values in (("max_grad_norm", args.max_grad_norms), ("eps", args.eps)):
+        if values:
+            axes[key] = tuple(values)
+    return axes
+
+
 def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
     """``lamb-shape``: LAMB's schedule degree × weight decay at its tuned lr and warmup, on the tune part."""
     regime = regime_of(args.regime, args)
@@ -367,10 +380,8 @@ def run_lamb_shape(args: argparse.Namespace) -> dict[str, Any]:
     result = lamb_shape.lamb_shape(regime=regime, parts=parts, chosen=load_chosen(regime, parts, args),
                                    seeds=args.seeds, vocab=args.vocab, work=args.work, out=out, info=machine(),
                                    degrees=tuple(args.degrees), weight_decays=tuple(args.weight_decays),
-                                   nvlambs=tuple(v == "true" for v in args.nvlamb),
-                                   max_grad_norms=tuple(args.max_grad_norms) if args.max_grad_norms else None)
-    print(table(result["rows"], ["degree", "weight_decay", "use_nvlamb", "max_grad_norm", "finals", "best",
-                                 "mean_final"]))
+                                   extra_axes=extra_lamb_axes(args))
+    print(table(result["rows"], [*shipped_lamb_shape(), "finals", "best", "mean_final"]))
     print(f"chosen: {result['chosen']} (shipped {result['shipped']}; changes LAMB: {result['changes_lamb']}); "
           f"wrote {' and '.join(str(out / name) for name in result['written'])}")
     return result

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kaisa_ds.optim import APEX_MAX_GRAD_NORM
+from kaisa_ds.optim import APEX_EPS, APEX_MAX_GRAD_NORM
 
 REPO = Path(__file__).resolve().parents[2]
 LAMB_CONFIG = REPO / "ds_configs" / "bert_tiny_phase1.json"
@@ -125,17 +125,18 @@ LIBRARY_DEFAULTS = "kfac-defaults"  # a RunSpec optimizer: K-FAC as ``"kfac": {"
 # LAMB's schedule shape and regularisation, tuned apart from lr and warmup (issue 23, 2b): where each key lives in
 # the DeepSpeed config. The shipped phase-1 config's values are the ones every run used before they were tuned.
 LAMB_SHAPE_KEYS = {"degree": "lr_schedule", "weight_decay": "optimizer.params", "use_nvlamb": "optimizer.params",
-                   "max_grad_norm": "optimizer.params"}
+                   "max_grad_norm": "optimizer.params", "eps": "optimizer.params"}
 
 
 def shipped_lamb_shape() -> dict[str, Any]:
     """The shipped phase-1 config's PolyWarmUp degree, LAMB weight decay, NVLAMB flag (trust ratio on every
-    parameter) and global-norm threshold (``max_grad_norm``; absent from the config: Apex's default)."""
+    parameter), global-norm threshold (``max_grad_norm``) and Adam epsilon (absent from the config: Apex's
+    defaults)."""
     cfg = json.loads(LAMB_CONFIG.read_text())
     params = cfg["optimizer"]["params"]
     return {"degree": cfg["lr_schedule"]["degree"], "weight_decay": params["weight_decay"],
             "use_nvlamb": params.get("use_nvlamb", False),
-            "max_grad_norm": params.get("max_grad_norm", APEX_MAX_GRAD_NORM)}
+            "max_grad_norm": params.get("max_grad_norm", APEX_MAX_GRAD_NORM), "eps": params.get("eps", APEX_EPS)}
 
 
 def ds_config(regime: Regime, *, lr: float, warmup: float, steps: int, kfac: dict[str, Any] | None,

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 APEX_MAX_GRAD_NORM = 1.0  # Apex FusedLAMB's default global-norm threshold (DeepSpeed's FusedLamb: 0, off)
+APEX_EPS = 1e-6  # Apex FusedLAMB's default Adam epsilon (DeepSpeed's FusedLamb: 1e-8)
 _NATIVE = (torch.float32, torch.float64)  # dtypes the arithmetic runs in directly; others are upcast to fp32
 
 
@@ -59,7 +60,7 @@ class Lamb(torch.optim.Optimizer):
 
     def __init__(
         self, params: Iterable[Any], lr: float = 1e-3, *, betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True, adam_w_mode: bool = True,
+        eps: float = APEX_EPS, weight_decay: float = 0.01, bias_correction: bool = True, adam_w_mode: bool = True,
         grad_averaging: bool = True, max_grad_norm: float = APEX_MAX_GRAD_NORM, use_nvlamb: bool = False,
     ) -> None:
         checks = (

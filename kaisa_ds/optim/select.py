@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from kaisa_ds.enums import LambImplementation, parse_enum
-from kaisa_ds.optim.lamb import APEX_MAX_GRAD_NORM, Lamb, global_grad_norm
+from kaisa_ds.optim.lamb import APEX_EPS, APEX_MAX_GRAD_NORM, Lamb, global_grad_norm
 from kaisa_ds.optim.param_groups import weight_decay_groups
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ def _first_tensor(params: list[Any]) -> torch.Tensor | None:
 
 
 def build_lamb(
-    params_or_groups: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+    params_or_groups: Iterable[Any], *, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = APEX_EPS,
     weight_decay: float = 0.01, max_grad_norm: float = APEX_MAX_GRAD_NORM, bias_correction: bool = True,
     max_coeff: float = 10.0, min_coeff: float = 0.01, implementation: LambImplementation | str = "auto",
     use_nvlamb: bool = False,

@@ -693,7 +693,8 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
                      "lamb_lr0.01_warmup0.02_weight_decay0.1", "lamb_lr0.01_warmup0.02_weight_decay0.1_seed1"]
     assert all(cfg["optimizer"]["params"]["lr"] == 0.01 and cfg["lr_schedule"]["warmup_proportion"] == 0.02
                for _, cfg in ran)
-    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01, "use_nvlamb": False, "max_grad_norm": 1.0}
+    assert result["chosen"] == {"degree": 1.0, "weight_decay": 0.01, "use_nvlamb": False, "max_grad_norm": 1.0,
+                                "eps": 1e-6}
     assert result["changes_lamb"]
     assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == result["chosen"]  # mean 5.30
     assert (tmp_path / "lamb_shape.png").stat().st_size > 0
@@ -712,7 +713,7 @@ def test_lamb_shape_trains_each_degree_and_weight_decay_reusing_the_shipped_poin
     monkeypatch.setattr(study, "run", fake_run_nv)
     nv = study.lamb_shape(regime=REGIMES["small"], parts=None, chosen={"lamb": {"lr": 0.01, "warmup": 0.02}},
                           seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
-                          weight_decays=(0.01,), nvlambs=(False, True))
+                          weight_decays=(0.01,), extra_axes={"use_nvlamb": (False, True)})
     assert sorted(name for name, _ in ran) == ["lamb_lr0.01_warmup0.02", "lamb_lr0.01_warmup0.02_seed1",
                                                "lamb_lr0.01_warmup0.02_use_nvlamb1",
                                                "lamb_lr0.01_warmup0.02_use_nvlamb1_seed1"]
@@ -739,7 +740,7 @@ def test_lamb_shape_max_grad_norm_axis_trains_lamb_without_the_pre_normalisation
     monkeypatch.setattr(study, "run", fake_run)
     result = study.lamb_shape(regime=REGIMES["large"], parts=None, chosen={"lamb": {"lr": 0.02, "warmup": 0.2}},
                               seeds=[0, 1], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
-                              weight_decays=(0.01,), max_grad_norms=(1.0, 0.0))
+                              weight_decays=(0.01,), extra_axes={"max_grad_norm": (1.0, 0.0)})
     assert sorted(ran) == ["lamb_lr0.02_warmup0.2", "lamb_lr0.02_warmup0.2_max_grad_norm0",
                            "lamb_lr0.02_warmup0.2_max_grad_norm0_seed1", "lamb_lr0.02_warmup0.2_seed1"]
     assert "max_grad_norm" not in ran["lamb_lr0.02_warmup0.2"] and ran["lamb_lr0.02_warmup0.2_max_grad_norm0"][
@@ -747,6 +748,34 @@ def test_lamb_shape_max_grad_norm_axis_trains_lamb_without_the_pre_normalisation
     assert result["chosen"]["max_grad_norm"] == 0 and result["written"] == ["lamb_shape_max_grad_norm.json",
                                                                             "lamb_shape_max_grad_norm.png"]
     assert json.loads((tmp_path / "lamb_shape.json").read_text())["chosen"] == "the first study's"
+
+
+def test_lamb_shape_eps_axis_puts_adams_epsilon_in_lambs_params_and_other_axes_are_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adam's epsilon as an axis (does a LAMB whose small gradients get steps proportional to them, not normalised
+    per element, get K-FAC's early lead?); an axis outside the known keys is refused before any run."""
+    from benchmarks.convergence import cli
+    from benchmarks.convergence import lamb_shape as study
+
+    ran: dict[str, dict[str, Any]] = {}
+
+    def fake_run(spec: Any, regime: Any, parts: Any, **_: Any) -> dict[str, Any]:
+        ran[spec.name] = spec.ds_config(regime)["optimizer"]["params"]
+        return {"spec": spec.key(), "final": 5.0, "curve": {"steps": [1], "seconds": [1], "values": [5.0]}}
+
+    monkeypatch.setattr(study, "run", fake_run)
+    args = cli.build_parser().parse_args(["lamb-shape", "--regime", "large", "--eps", "1e-6", "1e-3"])
+    axes = cli.extra_lamb_axes(args)
+    assert axes == {"eps": (1e-6, 1e-3)}
+    result = study.lamb_shape(regime=REGIMES["large"], parts=None, chosen={"lamb": {"lr": 0.02, "warmup": 0.2}},
+                              seeds=[0], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, degrees=(0.5,),
+                              weight_decays=(0.01,), extra_axes=axes)
+    assert sorted(ran) == ["lamb_lr0.02_warmup0.2", "lamb_lr0.02_warmup0.2_eps0.001"]
+    assert "eps" not in ran["lamb_lr0.02_warmup0.2"] and ran["lamb_lr0.02_warmup0.2_eps0.001"]["eps"] == 1e-3
+    assert [row["eps"] for row in result["rows"]] == [1e-6, 1e-3] and (tmp_path / "lamb_shape_eps.json").is_file()
+    with pytest.raises(ValueError, match="beta1"):
+        study.lamb_shape(regime=REGIMES["large"], parts=None, chosen={"lamb": {"lr": 0.02, "warmup": 0.2}},
+                         seeds=[0], vocab=tmp_path, work=tmp_path, out=tmp_path, info={}, extra_axes={"beta1": (0.8,)})
 
 
 def test_a_lamb_shape_key_outside_the_known_ones_is_refused_by_name() -> None:
