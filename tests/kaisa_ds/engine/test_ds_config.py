@@ -130,3 +130,22 @@ def test_a_binary_config_file_is_named(tmp_path: Path) -> None:
     path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff")
     with pytest.raises(ValueError, match=r"config\.json is not a UTF-8 text file"):
         load_config(path)
+
+
+@pytest.mark.parametrize(("params", "kfac", "warned"), [
+    ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": True}, True),
+    ({"lr": 0.01, "max_grad_norm": 0.0}, {"enabled": True}, True),
+    ({"lr": 0.01}, {"enabled": True}, False),  # Apex's default 1.0
+    ({"lr": 0.01, "max_grad_norm": 1.0}, {"enabled": True}, False),
+    ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": False}, False),  # LAMB alone: nothing to say
+])
+def test_kfac_over_a_lamb_without_its_global_norm_pre_normalisation_is_warned_naming_the_key(
+        params: dict[str, float], kfac: dict[str, bool], warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """K-FAC's defaults over LAMB with max_grad_norm 0 ended above LAMB in both seeds measured: say so at start."""
+    cfg = {"optimizer": {"type": "Lamb", "params": params}, "kfac": kfac}
+    with caplog.at_level("WARNING", logger="kaisa_ds.engine.ds_config"):
+        check_supported(cfg, parse_kfac_section(cfg), lamb=True)
+    messages = [r.getMessage() for r in caplog.records if "max_grad_norm" in r.getMessage()]
+    assert bool(messages) is warned
+    if warned:
+        assert "optimizer.params.max_grad_norm to 1.0" in messages[0]
