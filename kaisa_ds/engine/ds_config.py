@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.optim import APEX_MAX_GRAD_NORM
 from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
 from kaisa_ds.optim.select import is_lamb_config
 
@@ -112,8 +111,9 @@ def lamb_advice(config: dict[str, Any], section: KFACSection) -> str | None:
     or direction")."""
     if not section.enabled or not is_lamb_config(config.get("optimizer")):
         return None
-    params = config["optimizer"].get("params") or {}
-    if float(params.get("max_grad_norm", APEX_MAX_GRAD_NORM)) > 0:
+    params = config["optimizer"].get("params")
+    # only an explicit 0: absent is Apex's 1.0, and a malformed section is left to the LAMB builder, which names it
+    if not isinstance(params, dict) or params.get("max_grad_norm") != 0:
         return None
     return ("kfac over optimizer Lamb with optimizer.params.max_grad_norm 0: LAMB's global-norm pre-normalisation "
             "is off, and part of K-FAC's gain under LAMB comes through it (on BERT-tiny, K-FAC's defaults over such "

@@ -149,3 +149,17 @@ def test_kfac_over_a_lamb_without_its_global_norm_pre_normalisation_is_warned_na
     assert bool(messages) is warned
     if warned:
         assert "optimizer.params.max_grad_norm to 1.0" in messages[0]
+
+
+@pytest.mark.parametrize("params", [{"lr": 0.01, "max_grad_norm": "abc"}, [0.01]])
+def test_a_malformed_lamb_section_is_left_to_the_lamb_builder_which_names_the_key(params: object) -> None:
+    """The max_grad_norm advice runs before LAMB is built: a bad value there must reach the builder's refusal
+    (naming optimizer.params), not fail first on a bare float() or .get()."""
+    from torch import nn
+
+    from kaisa_ds.optim import lamb_from_ds_config
+
+    cfg = {"optimizer": {"type": "Lamb", "params": params}, "kfac": {"enabled": True}}
+    check_supported(cfg, parse_kfac_section(cfg), lamb=True)
+    with pytest.raises(ValueError, match=r"optimizer\.params"):
+        lamb_from_ds_config(cfg["optimizer"], nn.Linear(2, 2))
