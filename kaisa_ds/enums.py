@@ -69,11 +69,11 @@ class Grafting(str, enum.Enum):
 
     ``none`` (the default): the preconditioner's own size, bounded by the KL clip. Under LAMB that size mostly does
     not reach the step (LAMB normalises each tensor), but its change from step to step does: the KL clip's ν moved
-    30–400× within one BERT run at LAMB's learning rate, and through LAMB's global-norm pre-normalisation that
-    changes the steps of every other parameter (benchmarks/README.md, "Size or direction"). ``gradient``: each
-    layer's preconditioned gradient is rescaled to the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses
-    the direction, the gradient its size), so the optimizer after it sees the scale it would have seen without
-    K-FAC. ``kfac-size``: an ablation, the raw
+    30–400× within one BERT run at LAMB's learning rate, and the tensors K-FAC enlarges least (the word
+    embeddings) fall, after LAMB's global-norm pre-normalisation, below Adam's eps (benchmarks/README.md, "Size or
+    direction"). ``gradient``: each layer's preconditioned gradient is rescaled to the norm of its raw gradient
+    (Shampoo's "grafting": K-FAC chooses the direction, the gradient its size), so the optimizer after it sees the
+    scale it would have seen without K-FAC. ``kfac-size``: an ablation, the raw
     gradient's direction at the size K-FAC's step has (KL clip included): what K-FAC gives without its curvature.
     """
 
