@@ -26,18 +26,20 @@ SEEDS = (0, 1)
 # regime -> E's record stem on the tune part: the rules' records of the intervals "auto" resolves to there (rule 3)
 DEFAULTS_STEMS = {"large": "defaults_tune/defaults_inv_update_steps10",
                   "small": "defaults_tune/defaults_factor_update_steps5_inv_update_steps50"}
-VARIANTS = {"G: K-FAC's direction, the gradient's size": "defaults_tune/defaults_graftinggradient_kl_clipNone",
+VARIANTS = {"G: K-FAC's direction, the gradient's size (the defaults since rule 6)":
+            "defaults_tune/defaults_graftinggradient_kl_clipNone",
             "S: the gradient's direction, K-FAC's size": "defaults_tune/defaults_graftingkfac-size"}
 AT = {"large": (15, 60, 150, 300), "small": (50, 250, 750, 1000)}
 
 
-def record_paths(regime: str, results: Path = RESULTS) -> dict[str, list[Path]]:
+def record_paths(regime: str, results: Path = RESULTS, *, e_stem: str | None = None) -> dict[str, list[Path]]:
     """Label -> the seeds' record paths that exist. LAMB's are its chosen tuning run's (``chosen.json``), named as
-    the tuning sweep names them."""
+    the tuning sweep names them; E's are ``e_stem``'s (default: the study's, :data:`DEFAULTS_STEMS`)."""
     lamb = json.loads((results / regime / "chosen.json").read_text())["lamb"]
     names = [tune_spec(regime=REGIMES[regime], settings=lamb, optimizer="lamb", seed=seed).name for seed in SEEDS]
     out = {"LAMB (tuned)": [results / regime / "tune" / f"{name}.json" for name in names]}
-    stems = {"E: the defaults, K-FAC's direction and size": DEFAULTS_STEMS[regime], **VARIANTS}
+    stems = {"E: grafting none (the defaults until rule 6), K-FAC's direction and size":
+             e_stem or DEFAULTS_STEMS[regime], **VARIANTS}
     for label, stem in stems.items():
         out[label] = [results / regime / f"{stem}_seed{seed}.json" for seed in SEEDS]
     return {label: paths for label, paths in out.items() if all(p.is_file() for p in paths)}
@@ -60,9 +62,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--regime", choices=sorted(DEFAULTS_STEMS), required=True)
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--e-stem", help="E's record stem under the regime's results (default: the study's, "
+                                         "where the defaults' intervals were set explicitly)")
     args = parser.parse_args(argv)
     records = {label: [json.loads(p.read_text()) for p in paths]
-               for label, paths in record_paths(args.regime, args.results).items()}
+               for label, paths in record_paths(args.regime, args.results, e_stem=args.e_stem).items()}
     found = rows(records, AT[args.regime])
     print(table(found, list(found[0])))
     out = args.results / args.regime / "grafting_tune.png"

@@ -1095,6 +1095,11 @@ def test_size_direction_reads_the_recorded_variants_and_leaves_out_missing_ones(
     assert [r["variant"][:2] for r in found] == ["LA", "E:", "S:"]  # G has no records: left out
     assert found[0]["final"] == "5.300 / 6.300" and found[2]["step 750"] == "6.00 / 6.00"
     assert (tmp_path / "small" / "grafting_tune.png").stat().st_size > 10_000
+    for seed in (0, 1):  # a study whose E ran as the plain library defaults of its day names its own stem
+        write("defaults_tune/defaults", seed, [6.9, 6.3, 5.7, 5.4, 4.9])
+    (tmp_path / "small" / f"{defaults}_seed0.json").unlink()
+    found = size_direction.main(["--regime", "small", "--results", str(tmp_path), "--e-stem", "defaults_tune/defaults"])
+    assert found[1]["variant"][:2] == "E:" and found[1]["final"] == "4.900 / 4.900"
 
 
 def test_a_defaults_run_can_change_lamb_under_kfac_and_is_named_for_it() -> None:
