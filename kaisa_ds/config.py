@@ -17,9 +17,11 @@ from kaisa_ds.enums import (
     Grafting,
     LossReduction,
     damping_conflict,
+    parse_count,
     parse_dtype,
     parse_enum,
     parse_share,
+    parse_worker_fraction,
 )
 from kaisa_ds.schedules import (
     AUTO,
@@ -37,6 +39,7 @@ GradWorkerFraction = float | DistributedStrategy | str
 # 1e-6) and ~6e4 (small batch, 1e-4) as medians over layers (benchmarks/results/damping_scale.json).
 DEFAULT_RELATIVE_DAMPING = 100.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
+DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 
 @dataclass(frozen=True)
 class Damping:
@@ -78,7 +81,8 @@ class KFACConfig:
             leaves every preconditioned direction unchanged.
         damping_mode: :class:`~kaisa_ds.enums.DampingMode`; None: absolute when ``damping`` is given, else relative.
         factor_decay: ``ξ`` of the running average ``F ← ξ F + (1 − ξ) F_new``, in [0, 1).
-        kl_clip: bound on the KL size of the preconditioned step (KAISA's KL clip); None disables the clip.
+        kl_clip: bound on the KL size of the preconditioned step (KAISA's KL clip); None disables the clip;
+            ``"auto"``: None under ``grafting="gradient"`` (the grafted size replaces the clip), else 0.001.
         grafting: :class:`~kaisa_ds.enums.Grafting`: what sets each layer's preconditioned gradient's size.
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
         compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions or damped inverses.
@@ -109,8 +113,8 @@ class KFACConfig:
     relative_damping: ScheduleLike | None = None
     damping_mode: DampingMode | str | None = None  # None: absolute when damping is given, else relative
     factor_decay: ScheduleLike = 0.95
-    kl_clip: ScheduleLike | None = 0.001
-    grafting: Grafting | str = Grafting.NONE
+    kl_clip: ScheduleLike | str | None = AUTO  # defaults_rule_6.md: none under the grafting the rule chose
+    grafting: Grafting | str = Grafting.GRADIENT  # defaults_rule_6.md: E's sizes harmed where no text repeats
     lr: ScheduleLike = 0.1
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
     grad_worker_fraction: GradWorkerFraction = 1.0
@@ -133,6 +137,11 @@ class KFACConfig:
         self.compute_method = parse_enum(ComputeMethod, self.compute_method, name="compute_method")
         self.loss_reduction = parse_enum(LossReduction, self.loss_reduction, name="loss_reduction")
         self.grafting = parse_enum(Grafting, self.grafting, name="grafting")
+        if isinstance(self.kl_clip, str):
+            if self.kl_clip != AUTO:
+                raise ValueError(f"kl_clip={self.kl_clip!r} is not valid; allowed: 'auto', a number > 0, a schedule "
+                                 "or null")
+            self.kl_clip = None if self.grafting is Grafting.GRADIENT else DEFAULT_KL_CLIP
         if self.damping_mode is not None:
             self.damping_mode = parse_enum(DampingMode, self.damping_mode, name="damping_mode")
         conflict = damping_conflict(self.damping, self.relative_damping, self.damping_mode, prefix="")
@@ -143,7 +152,7 @@ class KFACConfig:
         self.decomposition_dtype = parse_dtype(self.decomposition_dtype, name="decomposition_dtype") or torch.float32
         if self.decomposition_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"decomposition_dtype={self.decomposition_dtype} is not valid; allowed: fp32, fp64")
-        self.grad_worker_fraction = self._parse_fraction(self.grad_worker_fraction)
+        self.grad_worker_fraction = parse_worker_fraction(self.grad_worker_fraction)
         if isinstance(self.skip_layers, str):
             self.skip_layers = (self.skip_layers,)
         self.skip_layers = tuple(self.skip_layers)
@@ -154,10 +163,8 @@ class KFACConfig:
         for flag in ("symmetry_aware", "overlap_factor_reduction"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is not valid; allowed: true or false")
-        steps = self.accumulation_steps
-        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"accumulation_steps={steps!r} is not valid; allowed: an integer >= 1 (backward passes "
-                             "per step(); under DeepSpeed it is taken from gradient_accumulation_steps) or null")
+        parse_count("accumulation_steps", self.accumulation_steps, allow_none=True, meaning="backward passes per "
+                    "step(); under DeepSpeed it is taken from gradient_accumulation_steps")
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
@@ -166,10 +173,8 @@ class KFACConfig:
         self.factor_pass_fraction = parse_share("factor_pass_fraction", self.factor_pass_fraction,
                                                 "of an accumulation window's backward passes whose statistics feed "
                                                 "the factors")
-        limit = self.max_decomposition_failures
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"max_decomposition_failures={limit!r} is not valid; allowed: an integer >= 1 (the "
-                             "consecutive failed decompositions of one factor after which training stops)")
+        parse_count("max_decomposition_failures", self.max_decomposition_failures,
+                    meaning="the consecutive failed decompositions of one factor after which training stops")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         if isinstance(self.inv_update_steps, str) and self.inv_update_steps != AUTO:
@@ -179,19 +184,6 @@ class KFACConfig:
             raw = getattr(self, name)
             if not callable(raw) and raw != AUTO:
                 check_range(name, raw)
-
-    @staticmethod
-    def _parse_fraction(value: GradWorkerFraction) -> float | DistributedStrategy:
-        if isinstance(value, str) and not isinstance(value, DistributedStrategy):
-            return parse_enum(DistributedStrategy, value, name="grad_worker_fraction")
-        if isinstance(value, DistributedStrategy):
-            return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ValueError(
-                f"grad_worker_fraction={value!r} is not valid; allowed: a float in [1/world_size, 1] "
-                "or 'comm-opt', 'hybrid-opt', 'mem-opt'"
-            )
-        return float(value)
 
     def value(self, name: str, step: int) -> Any:
         """The range-checked value of a scheduled option at a step.
@@ -282,7 +274,7 @@ class KFACConfig:
             raise ValueError(conflict)
         kwargs: dict[str, Any] = {}
         for key, val in section.items():
-            if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val is not None:
+            if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val not in (None, AUTO):
                 val = schedule_from_spec(val, name=f"kfac.{key}")
             elif key == "factor_update_steps" or (key == "inv_update_steps" and not isinstance(val, str)):
                 val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)  # a word: "auto", or the field says why

@@ -67,14 +67,16 @@ class DampingMode(str, enum.Enum):
 class Grafting(str, enum.Enum):
     """What sets the size of each layer's preconditioned gradient (``KFACConfig.grafting``).
 
-    ``none`` (the default): the preconditioner's own size, bounded by the KL clip. Under LAMB that size mostly does
-    not reach the step (LAMB normalises each tensor), but its change from step to step does: the KL clip's ν moved
-    30–400× within one BERT run at LAMB's learning rate, and the tensors K-FAC enlarges least (the word
-    embeddings) fall, after LAMB's global-norm pre-normalisation, below Adam's eps (benchmarks/README.md, "Size or
-    direction"). ``gradient``: each layer's preconditioned gradient is rescaled to the norm of its raw gradient
-    (Shampoo's "grafting": K-FAC chooses the direction, the gradient its size), so the optimizer after it sees the
-    scale it would have seen without K-FAC. ``kfac-size``: an ablation, the raw
-    gradient's direction at the size K-FAC's step has (KL clip included): what K-FAC gives without its curvature.
+    ``gradient`` (the default since 2026-11-28, benchmarks/results/convergence/defaults_rule_6.md): each layer's
+    preconditioned gradient is rescaled to the norm of its raw gradient (Shampoo's "grafting": K-FAC chooses the
+    direction, the gradient its size), so the optimizer after it sees the scale it would have seen without K-FAC;
+    the KL clip is off unless set (``kl_clip="auto"``). ``none``: the preconditioner's own size, bounded by the KL
+    clip (KAISA's step). Under LAMB that size mostly does not reach the step (LAMB normalises each tensor), but
+    K-FAC enlarges the encoder's gradients ~10⁵×, and after LAMB's global-norm pre-normalisation the tensors it
+    enlarges least (the word embeddings, the MLM output bias) fall below Adam's eps and barely learn: a regulariser
+    where text repeats, a lag where it does not (benchmarks/README.md, "Size or direction"). ``kfac-size``: an
+    ablation, the raw gradient's direction at the size K-FAC's step has (KL clip included): what K-FAC gives
+    without its curvature.
     """
 
     NONE = "none"
@@ -151,4 +153,27 @@ def parse_share(name: str, value: Any, of_what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"{name}={value!r} is not valid; allowed: a number in (0, 1] (the share {of_what}; "
                          "1 = all, exact)")
+    return float(value)
+
+
+def parse_count(name: str, value: Any, *, meaning: str, allow_none: bool = False) -> int | None:
+    """An integer >= 1 (or None when ``allow_none``); ValueError naming ``name`` and what the count means."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not valid; allowed: an integer >= 1 ({meaning})"
+                         + (" or null" if allow_none else ""))
+    return value
+
+
+def parse_worker_fraction(value: Any) -> float | DistributedStrategy:
+    """``grad_worker_fraction``: a share of ranks in (0, 1] as a float, or a :class:`DistributedStrategy` (also its
+    string value); ValueError naming the option otherwise."""
+    if isinstance(value, DistributedStrategy):
+        return value
+    if isinstance(value, str):
+        return parse_enum(DistributedStrategy, value, name="grad_worker_fraction")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"grad_worker_fraction={value!r} is not valid; allowed: a float in [1/world_size, 1] "
+                         "or 'comm-opt', 'hybrid-opt', 'mem-opt'")
     return float(value)

@@ -134,7 +134,7 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
     and its spec, with today's shipped phase-1 configs (unchanged, apart from keys every spec overrides, since
     before the first shipped record)."""
     if "inputs" in record:
-        return dict(record["inputs"])
+        return ungrafted_before_rule_6(dict(record["inputs"]))
     command, spec_fields, regime_fields = record.get("command", []), record.get("spec"), record.get("regime")
     if "--vocab" not in command or not isinstance(spec_fields, dict) or not isinstance(regime_fields, dict):
         return None
@@ -146,6 +146,17 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
     parts = Parts(folder=Path(), source_sha256=record.get("parts_sha256", ""), units={},
                   recipe=split_recipe(max_units=max_units))
     return run_inputs(RunSpec(**spec_fields), regime, parts, vocab=vocab)
+
+
+def ungrafted_before_rule_6(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Stored inputs with ``"grafting": "none"`` in a K-FAC section that names its options but not grafting: until
+    defaults_rule_6.md made ``gradient`` the default, such a section ran ungrafted, which the shipped configs now
+    say outright. A library-defaults run keeps its section: its ``library_defaults`` input holds the grafting."""
+    section = inputs.get("ds_config", {}).get("kfac")
+    if "library_defaults" in inputs or not isinstance(section, dict) or "grafting" in section:
+        return inputs
+    config = {**inputs["ds_config"], "kfac": {**section, "grafting": "none"}}
+    return {**inputs, "ds_config": config}
 
 
 def run_key(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, also_on_train: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.enums import Grafting
 from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
 from kaisa_ds.optim.select import is_lamb_config
 
@@ -107,17 +108,19 @@ def lamb_advice(config: dict[str, Any], section: KFACSection) -> str | None:
 
     K-FAC hands LAMB preconditioned gradients of its own sizes; LAMB's global-norm pre-normalisation
     (``max_grad_norm`` > 0) divides them all by one number, which puts the word embeddings' and output bias's Adam
-    steps in epsilon's regime. Without it K-FAC's defaults ended below LAMB in no seed (benchmarks/README.md, "Size
-    or direction")."""
+    steps in epsilon's regime. Without it K-FAC with ``grafting: "none"`` ended below LAMB in no seed
+    (benchmarks/README.md, "Size or direction"). Grafted (the default), K-FAC hands LAMB the raw gradients' sizes."""
     if not section.enabled or not is_lamb_config(config.get("optimizer")):
+        return None
+    if section.config is None or section.config.grafting is not Grafting.NONE:  # grafted: LAMB's own sizes
         return None
     params = config["optimizer"].get("params")
     # only an explicit 0: absent is Apex's 1.0, and a malformed section is left to the LAMB builder, which names it
     if not isinstance(params, dict) or params.get("max_grad_norm") != 0:
         return None
-    return ("kfac over optimizer Lamb with optimizer.params.max_grad_norm 0: LAMB's global-norm pre-normalisation "
-            "is off, and part of K-FAC's gain under LAMB comes through it (on BERT-tiny, K-FAC's defaults over such "
-            "a LAMB ended 0.27-0.37 nats above that LAMB's held-out MLM loss in both seeds; kaisa_ds "
+    return ("kfac with grafting 'none' over optimizer Lamb with optimizer.params.max_grad_norm 0: LAMB's "
+            "global-norm pre-normalisation is off, and part of K-FAC's gain under LAMB comes through it (on BERT-tiny, "
+            "K-FAC over such a LAMB ended 0.27-0.37 nats above that LAMB's held-out MLM loss in both seeds; kaisa_ds "
             "benchmarks/README.md, 'Size or direction'). Set optimizer.params.max_grad_norm to 1.0 (Apex's "
             "default) or remove the key")
 

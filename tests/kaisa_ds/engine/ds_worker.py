@@ -112,7 +112,8 @@ def main() -> None:
     from kaisa_ds.engine.launch import init_distributed
 
     rank, world = init_distributed()
-    kfac = {"enabled": True, "damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2}
+    kfac = {"enabled": True, "damping": 0.01, "kl_clip": 0.05, "factor_decay": 0.9, "inv_update_steps": 2,
+            "grafting": "none"}  # as test_deepspeed_engine.KFAC
     results: dict = {}
     if args.scenario == "modes":
         for mode, stage in [("fp32", 0), ("fp32", 1), ("fp32", 2), ("bf16", 0), ("bf16", 2), ("bf16acc32", 1),

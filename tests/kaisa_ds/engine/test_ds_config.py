@@ -132,16 +132,20 @@ def test_a_binary_config_file_is_named(tmp_path: Path) -> None:
         load_config(path)
 
 
+UNGRAFTED = {"enabled": True, "grafting": "none"}
+
+
 @pytest.mark.parametrize(("params", "kfac", "warned"), [
-    ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": True}, True),
-    ({"lr": 0.01, "max_grad_norm": 0.0}, {"enabled": True}, True),
-    ({"lr": 0.01}, {"enabled": True}, False),  # Apex's default 1.0
-    ({"lr": 0.01, "max_grad_norm": 1.0}, {"enabled": True}, False),
+    ({"lr": 0.01, "max_grad_norm": 0}, UNGRAFTED, True),
+    ({"lr": 0.01, "max_grad_norm": 0.0}, UNGRAFTED, True),
+    ({"lr": 0.01}, UNGRAFTED, False),  # Apex's default 1.0
+    ({"lr": 0.01, "max_grad_norm": 1.0}, UNGRAFTED, False),
     ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": False}, False),  # LAMB alone: nothing to say
+    ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": True}, False),  # grafted (the default): LAMB sees raw sizes
 ])
 def test_kfac_over_a_lamb_without_its_global_norm_pre_normalisation_is_warned_naming_the_key(
-        params: dict[str, float], kfac: dict[str, bool], warned: bool, caplog: pytest.LogCaptureFixture) -> None:
-    """K-FAC's defaults over LAMB with max_grad_norm 0 ended above LAMB in both seeds measured: say so at start."""
+        params: dict[str, float], kfac: dict[str, object], warned: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """Ungrafted K-FAC over LAMB with max_grad_norm 0 ended above LAMB in both seeds measured: say so at start."""
     cfg = {"optimizer": {"type": "Lamb", "params": params}, "kfac": kfac}
     with caplog.at_level("WARNING", logger="kaisa_ds.engine.ds_config"):
         check_supported(cfg, parse_kfac_section(cfg), lamb=True)

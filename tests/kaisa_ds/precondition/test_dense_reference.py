@@ -101,7 +101,7 @@ def test_matches_dense_kronecker_reference(case: str, method: str) -> None:
     model = make_model()
     modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
     rec = Recorder(modules)
-    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, compute_method=method,
+    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", compute_method=method,
                                  decomposition_dtype="fp64")
     model(make_input()).pow(2).mean().backward()
     raw = {n: _grad_matrix(m) for n, m in modules.items()}
@@ -139,7 +139,7 @@ def test_half_precision_factors_match_the_dense_reference_within_documented_tole
     make_model, make_input = CASES[case]
     model = make_model()
     modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
-    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, factor_dtype=dtype,
+    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", factor_dtype=dtype,
                                  decomposition_dtype="fp64")
     for _ in range(2):  # two passes: the half-precision window accumulates, as under gradient accumulation
         (model(make_input()).pow(2).mean() / 2).backward()
@@ -173,7 +173,7 @@ def test_kl_clip_scales_every_gradient_by_the_formula() -> None:
     torch.manual_seed(0)
     model = TinyMLP()
     kl, lr = 1e-6, 0.5
-    unclipped = KFACPreconditioner(model, damping=DAMPING, kl_clip=None)
+    unclipped = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none")
     x = torch.randn(5, 6)
     model(x).pow(2).mean().backward()
     grads = {n: _grad_matrix(m) for n, m in [("fc1", model.fc1), ("fc2", model.fc2)]}
@@ -185,7 +185,7 @@ def test_kl_clip_scales_every_gradient_by_the_formula() -> None:
 
     torch.manual_seed(0)
     model2 = TinyMLP()
-    clipped = KFACPreconditioner(model2, damping=DAMPING, kl_clip=kl, lr=lr)
+    clipped = KFACPreconditioner(model2, damping=DAMPING, kl_clip=kl, lr=lr, grafting="none")
     model2(x).pow(2).mean().backward()
     clipped.step()
     for n, m in [("fc1", model2.fc1), ("fc2", model2.fc2)]:

@@ -35,7 +35,7 @@ def test_graft_keeps_each_direction_at_the_gradients_norm() -> None:
 
 @pytest.mark.parametrize("method", ["eigen", "inverse"])
 def test_grafted_step_has_raw_norms_and_kfac_directions(method: str) -> None:
-    raw, plain = preconditioned(1.0, compute_method=method, kl_clip=None)
+    raw, plain = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="none")
     _, grafted = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="gradient")
     raw_norms, plain_norms, grafted_norms = _layer_norms(raw), _layer_norms(plain), _layer_norms(grafted)
     # without grafting the sizes are K-FAC's own, far from the gradient's (so the test can fail)
@@ -61,8 +61,8 @@ def test_grafting_takes_strings_and_names_the_key_when_wrong() -> None:
 
 
 def test_kfac_size_ablation_keeps_the_gradients_direction_at_kfacs_size_and_clip() -> None:
-    raw, kfac = preconditioned(1.0, kl_clip=1e-3, lr=10.0)  # a clip that binds: ν is part of K-FAC's size
-    _, unclipped = preconditioned(1.0, kl_clip=None)
+    raw, kfac = preconditioned(1.0, kl_clip=1e-3, lr=10.0, grafting="none")  # a binding clip: ν is in its size
+    _, unclipped = preconditioned(1.0, kl_clip=None, grafting="none")
     _, ablation = preconditioned(1.0, kl_clip=1e-3, lr=10.0, grafting="kfac-size")
     kfac_norms, unclipped_norms = _layer_norms(kfac), _layer_norms(unclipped)
     assert max(kfac_norms[k] / unclipped_norms[k] for k in kfac_norms) < 0.5  # the clip did bind
@@ -70,3 +70,20 @@ def test_kfac_size_ablation_keeps_the_gradients_direction_at_kfacs_size_and_clip
         assert norm == pytest.approx(kfac_norms[layer], rel=1e-6), layer
     moving = {n for n, g in raw.items() if float(g.norm()) > 1e-12}  # e.g. the key's bias gets no gradient
     assert min(c for n, c in cosines(raw, ablation).items() if n in moving) > 1 - 1e-9
+
+
+def test_the_default_step_keeps_each_layers_raw_size_and_an_ungrafted_one_keeps_kaisas_clip() -> None:
+    """defaults_rule_6.md: what ``"kfac": {"enabled": true}`` hands the optimizer has the raw gradients' sizes, so
+    LAMB's global norm stays its own; asking for ``grafting="none"`` brings back KAISA's step, KL clip included."""
+    raw, default = preconditioned(1.0, lr=10.0)  # an lr at which a KL clip of 0.001 binds
+    _, unclipped = preconditioned(1.0, lr=10.0, grafting="none", kl_clip=None)
+    _, kaisa = preconditioned(1.0, lr=10.0, grafting="none")
+    for layer, norm in _layer_norms(raw).items():
+        assert _layer_norms(default)[layer] == pytest.approx(norm, rel=1e-6), layer
+    assert min(cosines(unclipped, default).values()) > 1 - 1e-9  # K-FAC's direction
+    ratios = {k: _layer_norms(kaisa)[k] / v for k, v in _layer_norms(unclipped).items()}
+    assert max(ratios.values()) < 0.5  # the clip (0.001) binds on the ungrafted step
+    assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-6)  # one ν for every layer
+    assert KFACConfig(grafting="none").kl_clip == pytest.approx(0.001)
+    with pytest.raises(ValueError, match=r"kl_clip='off'.*'auto'"):
+        KFACConfig(kl_clip="off")

@@ -23,7 +23,7 @@ except ImportError:
     from kaisa_ds.checkpoint.shards import save_shards  # type: ignore[no-redef]
 from tests.support.models import TinyTransformerish
 
-SETTINGS = {"eigen": {}, "inverse": {"compute_method": "inverse"}}
+SETTINGS = {"eigen": {"grafting": "none"}, "inverse": {"compute_method": "inverse", "grafting": "none"}}  # as made
 SAVE_AT, STEPS = 5, 9
 
 
