@@ -39,6 +39,7 @@ from bert_pretrain.data.documents import WIKITEXT_MARKS
 from bert_pretrain.data.errors import DataError
 from bert_pretrain.data.examples import Specials
 from bert_pretrain.data.tokenizer import MAX_UNK_RATE, check_coverage, check_vocab_size, load_tokenizer, vocab_tokens
+from kaisa_ds.enums import Grafting
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 
 VARIANTS = ("1:fp32", "0.5:fp32", "0.25:fp32", "0.125:fp32", "0.0625:fp32", "1:bf16", "0.25:bf16")
@@ -93,7 +94,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     model = bert_for_pretraining(args.size, vocab=vocab_size, seq=args.seq).to(device)
     settings = {v: parse_variant(v) for v in args.variants}
     preconds = {v: KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, damping=args.damping,
-                                      kl_clip=None, skip_layers=KAISA_SKIP, factor_sample_fraction=tokens,
+                                      kl_clip=None, grafting=Grafting.NONE, skip_layers=KAISA_SKIP,
+                                      factor_sample_fraction=tokens,
                                       inv_dtype=inv_dtype, factor_pass_fraction=pass_share,
                                       accumulation_steps=args.passes)
                 for v, (tokens, inv_dtype, pass_share) in settings.items()}

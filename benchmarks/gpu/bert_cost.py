@@ -31,7 +31,7 @@ from benchmarks.harness.memory import peak_bytes
 from benchmarks.step_cost.calibration import decomposition_times
 from benchmarks.step_cost.measure import StepCostRun, build_optimizer, measure
 from kaisa_ds.distributed.assignment import assign_work, resolve_grad_workers
-from kaisa_ds.enums import ComputeMethod
+from kaisa_ds.enums import ComputeMethod, Grafting
 from kaisa_ds.plan.shapes import shapes_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +52,7 @@ def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
             "factor_dtype": kfac.get("factor_dtype"), "inv_dtype": kfac.get("inv_dtype", "fp32"),
             "sample_fraction": kfac.get("factor_sample_fraction", 1.0),
             "grad_worker_fraction": kfac.get("grad_worker_fraction", 1.0),
+            "grafting": kfac.get("grafting", "gradient"),  # the library's default when the config names none
             "train_batch_size": ds["train_batch_size"], "config": str(path.relative_to(REPO))}
 
 
@@ -77,7 +78,7 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         compute_method=method, inv_dtype=ctx.args.inv_dtype or k["inv_dtype"],
         repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
-        damping=None, relative_damping=ctx.args.relative_damping,
+        damping=None, relative_damping=ctx.args.relative_damping, grafting=Grafting(k["grafting"]),
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
 

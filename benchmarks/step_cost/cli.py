@@ -20,6 +20,7 @@ object, which ``python -m kaisa_ds.plan --calibration FILE`` reads to predict th
     python -m benchmarks.step_cost --size tiny --batch 8 --seq 64 --repeats 2 --decomp-sizes 256
     python -m benchmarks.step_cost --size large --dtype bf16 --decomp-sizes 256 1024 4096   # on a GPU
     python -m benchmarks.step_cost --accumulation 8 --pass-fraction 0.25   # steps of 8 accumulated passes
+    python -m benchmarks.step_cost --grafting gradient      # the library's default step (KAISA's: --grafting none)
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from benchmarks.harness.options import DTYPE_NAMES
 from benchmarks.harness.output import publish
 from benchmarks.step_cost.measure import measure
 from benchmarks.step_cost.report import report
-from kaisa_ds.enums import ComputeMethod
+from kaisa_ds.enums import ComputeMethod, Grafting
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    "(gradient accumulation; DeepSpeed's gradient_accumulation_steps); both models run them all")
     p.add_argument("--pass-fraction", type=float, default=1.0, help="K-FAC factor_pass_fraction: share of a factor "
                    "step's passes whose statistics feed the factors (needs --accumulation > 1 to matter)")
+    p.add_argument("--grafting", type=Grafting, default=Grafting.NONE, choices=[g.value for g in Grafting],
+                   help="K-FAC's grafting: 'none' (default) is KAISA's step with its KL clip 0.001, as every earlier "
+                        "figure; 'gradient' is the library's default since 2026-11-28 (each layer's step at its raw "
+                        "gradient's size, no KL clip)")
     p.add_argument("--damping", type=float, help="K-FAC's absolute damping (default: 0.001, as every earlier figure)")
     p.add_argument("--relative-damping", type=float, help="K-FAC's relative damping instead (the library's mode)")
     p.add_argument("--decomp-sizes", type=int, nargs="*", default=[256, 1024, 4096],

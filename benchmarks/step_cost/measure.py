@@ -76,8 +76,8 @@ class StepCostRun:
         damping, relative_damping = damping_of(args)
         self.kfac = KFACPreconditioner(
             kmodel, factor_update_steps=args.factor_every, inv_update_steps=args.inv_every, damping=damping,
-            relative_damping=relative_damping, kl_clip=0.001, lr=args.lr, skip_layers=KAISA_SKIP,
-            factor_dtype=args.factor_dtype,
+            relative_damping=relative_damping, kl_clip="auto", grafting=args.grafting, lr=args.lr,
+            skip_layers=KAISA_SKIP, factor_dtype=args.factor_dtype,
             factor_sample_fraction=args.sample_fraction, compute_method=args.compute_method,
             inv_dtype=args.inv_dtype, accumulation_steps=args.accumulation, factor_pass_fraction=args.pass_fraction)
         self.runner = KaisaRunner(self.kfac, cuda=device.type == "cuda")

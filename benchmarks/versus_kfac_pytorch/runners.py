@@ -10,6 +10,7 @@ from benchmarks.versus_kfac_pytorch.settings import (
     COMPUTE_METHOD,
     DAMPING,
     FACTOR_DECAY,
+    GRAFTING,
     KL_CLIP,
     STAGE_NAMES,
 )
@@ -23,8 +24,8 @@ def kaisa_runner(model: torch.nn.Module, *, factor_every: int, inv_every: int, l
 
     precond = KFACPreconditioner(
         model, factor_update_steps=factor_every, inv_update_steps=inv_every, damping=DAMPING,
-        factor_decay=FACTOR_DECAY, kl_clip=KL_CLIP, lr=lr, compute_method=COMPUTE_METHOD, skip_layers=KAISA_SKIP,
-        inv_dtype=inv_dtype, factor_sample_fraction=sample_fraction)
+        factor_decay=FACTOR_DECAY, kl_clip=KL_CLIP, grafting=GRAFTING, lr=lr, compute_method=COMPUTE_METHOD,
+        skip_layers=KAISA_SKIP, inv_dtype=inv_dtype, factor_sample_fraction=sample_fraction)
     return KaisaRunner(precond, cuda=cuda, stage_names=STAGE_NAMES)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from kaisa_ds.enums import ComputeMethod
+from kaisa_ds.enums import ComputeMethod, Grafting
 
 DAMPING = 0.001
 FACTOR_DECAY = 0.95
 KL_CLIP = 0.001
+GRAFTING = Grafting.NONE  # kfac-pytorch has no grafting: both take K-FAC's own step, KL-clipped
 COMPUTE_METHOD = ComputeMethod.EIGEN
 LIBRARIES = ("kaisa_ds", "kfac-pytorch")
 # stages of precond.step(); factor_capture runs in the hooks, inside forward+backward

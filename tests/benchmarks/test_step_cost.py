@@ -13,7 +13,7 @@ import torch
 from benchmarks.harness.interval import Interval, amortise
 from benchmarks.step_cost.cli import main
 from benchmarks.step_cost.measure import COMPONENTS, STEP_STAGES, StepCostRun
-from kaisa_ds.enums import ComputeMethod
+from kaisa_ds.enums import ComputeMethod, Grafting
 
 
 def tiny_run_args(**overrides: Any) -> Namespace:
@@ -22,7 +22,7 @@ def tiny_run_args(**overrides: Any) -> Namespace:
                         "inv_every": 4, "factor_dtype": None, "sample_fraction": 1.0,
                         "compute_method": ComputeMethod.EIGEN, "inv_dtype": "fp32", "dtype": "fp32",
                         "accumulation": 1, "pass_fraction": 1.0, "damping": None, "relative_damping": None,
-                        **overrides})
+                        "grafting": Grafting.NONE, **overrides})
 
 
 def test_interval_counts_every_kind_of_step_once_per_interval() -> None:
@@ -136,3 +136,26 @@ def test_a_damping_of_zero_is_refused_by_name_not_replaced() -> None:
     args = tiny_run_args(damping=0.0)
     with pytest.raises(ValueError, match=r"damping=0\.0 is not valid"):
         StepCostRun(args, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("flags", "grafting", "kl_clip"), [([], Grafting.NONE, 0.001),
+                                                           (["--grafting", "gradient"], Grafting.GRADIENT, None)])
+def test_kaisas_step_unless_the_library_defaults_step_is_asked_for(
+        flags: list[str], grafting: Grafting, kl_clip: float | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step_cost figure is KAISA's step (KL clip 0.001, no grafting); when the library's default became the
+    grafted step (2026-11-28) step_cost silently measured grafting *and* the clip, a step no config takes."""
+    from benchmarks.step_cost import cli
+
+    built: list[StepCostRun] = []
+
+    def build_only(args: Namespace) -> dict[str, Any]:
+        built.append(StepCostRun(args, torch.device("cpu")))
+        return {}
+
+    monkeypatch.setattr(cli, "measure", build_only)
+    monkeypatch.setattr(cli, "publish", lambda *a, **k: None)
+    monkeypatch.setattr(cli, "report", lambda res: "")
+    cli.main(["--size", "tiny", "--vocab", "300", "--batch", "2", "--seq", "16", *flags])
+    config = built[0].kfac.config
+    assert config.grafting is grafting
+    assert config.value("kl_clip", 0) == kl_clip

@@ -43,6 +43,18 @@ def test_defaults_are_issue_9s_settings() -> None:
     assert (args.size, args.batch, args.seq, args.factor_every, args.inv_every) == ("mini", 32, 128, 5, 50)
 
 
+def test_kaisa_ds_takes_k_fac_s_own_clipped_step_as_kfac_pytorch_does() -> None:
+    """kfac-pytorch has no grafting: when kaisa_ds's default became the grafted step (2026-11-28), this comparison
+    silently set one library's step at the raw gradient's size, and its agreement figures compared two steps."""
+    from benchmarks.versus_kfac_pytorch.runners import kaisa_runner
+    from kaisa_ds.enums import Grafting
+
+    config = kaisa_runner(bert_for_pretraining("tiny", vocab=300, seq=16), factor_every=2, inv_every=4, lr=1e-3,
+                          cuda=False).precond.config
+    assert config.grafting is Grafting.NONE
+    assert config.value("kl_clip", 0) == pytest.approx(0.001)
+
+
 def _kind(hook: float, step: float, capture: float, **stages: float) -> dict[str, float]:
     """A made-up summarised kind: hook_extra split into statistics and machinery, precond.step() into stages."""
     row = {"factor_capture": capture, "hook_machinery": hook - capture, "hook_extra": hook,
