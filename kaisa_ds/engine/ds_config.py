@@ -109,20 +109,21 @@ def lamb_advice(config: dict[str, Any], section: KFACSection) -> str | None:
     K-FAC hands LAMB preconditioned gradients of its own sizes; LAMB's global-norm pre-normalisation
     (``max_grad_norm`` > 0) divides them all by one number, which puts the word embeddings' and output bias's Adam
     steps in epsilon's regime. Without it K-FAC with ``grafting: "none"`` ended below LAMB in no seed
-    (benchmarks/README.md, "Size or direction"). Grafted (the default), K-FAC hands LAMB the raw gradients' sizes."""
+    (benchmarks/README.md, "Size or direction"). Grafted onto the gradient (the default), K-FAC hands LAMB the raw
+    gradients' sizes; the ``kfac-size`` ablation hands it K-FAC's, as ``none`` does."""
     if not section.enabled or not is_lamb_config(config.get("optimizer")):
         return None
-    if section.config is None or section.config.grafting is not Grafting.NONE:  # grafted: LAMB's own sizes
+    if section.config is None or section.config.grafting is Grafting.GRADIENT:  # LAMB's own sizes
         return None
     params = config["optimizer"].get("params")
     # only an explicit 0: absent is Apex's 1.0, and a malformed section is left to the LAMB builder, which names it
     if not isinstance(params, dict) or params.get("max_grad_norm") != 0:
         return None
-    return ("kfac with grafting 'none' over optimizer Lamb with optimizer.params.max_grad_norm 0: LAMB's "
-            "global-norm pre-normalisation is off, and part of K-FAC's gain under LAMB comes through it (on BERT-tiny, "
-            "K-FAC over such a LAMB ended 0.27-0.37 nats above that LAMB's held-out MLM loss in both seeds; kaisa_ds "
-            "benchmarks/README.md, 'Size or direction'). Set optimizer.params.max_grad_norm to 1.0 (Apex's "
-            "default) or remove the key")
+    return (f"kfac with grafting '{section.config.grafting.value}' over optimizer Lamb with "
+            "optimizer.params.max_grad_norm 0: LAMB's global-norm pre-normalisation is off, and part of K-FAC's gain "
+            "under LAMB comes through it (on BERT-tiny, K-FAC with grafting 'none' over such a LAMB ended 0.27-0.37 "
+            "nats above that LAMB's held-out MLM loss in both seeds; kaisa_ds benchmarks/README.md, 'Size or "
+            "direction'). Set optimizer.params.max_grad_norm to 1.0 (Apex's default) or remove the key")
 
 
 def check_supported(config: dict[str, Any], section: KFACSection, *, lamb: bool) -> None:

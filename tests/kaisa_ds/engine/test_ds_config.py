@@ -142,6 +142,8 @@ UNGRAFTED = {"enabled": True, "grafting": "none"}
     ({"lr": 0.01, "max_grad_norm": 1.0}, UNGRAFTED, False),
     ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": False}, False),  # LAMB alone: nothing to say
     ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": True}, False),  # grafted (the default): LAMB sees raw sizes
+    # the kfac-size ablation hands LAMB K-FAC's own sizes, as 'none' does: the same advice
+    ({"lr": 0.01, "max_grad_norm": 0}, {"enabled": True, "grafting": "kfac-size"}, True),
 ])
 def test_kfac_over_a_lamb_without_its_global_norm_pre_normalisation_is_warned_naming_the_key(
         params: dict[str, float], kfac: dict[str, object], warned: bool, caplog: pytest.LogCaptureFixture) -> None:
@@ -153,6 +155,7 @@ def test_kfac_over_a_lamb_without_its_global_norm_pre_normalisation_is_warned_na
     assert bool(messages) is warned
     if warned:
         assert "optimizer.params.max_grad_norm to 1.0" in messages[0]
+        assert f"grafting '{kfac['grafting']}'" in messages[0]
 
 
 @pytest.mark.parametrize("params", [{"lr": 0.01, "max_grad_norm": "abc"}, [0.01]])
