@@ -119,7 +119,7 @@ def lamb_advice(config: dict[str, Any], section: KFACSection) -> str | None:
     # only an explicit 0: absent is Apex's 1.0, and a malformed section is left to the LAMB builder, which names it
     if not isinstance(params, dict) or params.get("max_grad_norm") != 0:
         return None
-    return (f"kfac with grafting '{section.config.grafting.value}' over optimizer Lamb with "
+    return (f"kfac with grafting '{Grafting(section.config.grafting).value}' over optimizer Lamb with "
             "optimizer.params.max_grad_norm 0: LAMB's global-norm pre-normalisation is off, and part of K-FAC's gain "
             "under LAMB comes through it (on BERT-tiny, K-FAC with grafting 'none' over such a LAMB ended 0.27-0.37 "
             "nats above that LAMB's held-out MLM loss in both seeds; kaisa_ds benchmarks/README.md, 'Size or "
