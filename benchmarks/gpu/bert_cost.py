@@ -31,7 +31,8 @@ from benchmarks.harness.memory import peak_bytes
 from benchmarks.step_cost.calibration import decomposition_times
 from benchmarks.step_cost.measure import StepCostRun, build_optimizer, measure
 from kaisa_ds.distributed.assignment import assign_work, resolve_grad_workers
-from kaisa_ds.enums import ComputeMethod, Grafting
+from kaisa_ds.engine.ds_config import parse_kfac_section
+from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.plan.shapes import shapes_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,11 +49,14 @@ def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
     """Intervals and levers of the phase-1 K-FAC config (the numbers KAISA's BERT-Large runs use)."""
     ds = json.loads(path.read_text())
     kfac = ds["kfac"]
+    config = parse_kfac_section(ds).config  # the library's reader: its defaults for what the file leaves out
+    if config is None:
+        raise ValueError(f"{path}: kfac is not enabled; the GPU step cost measures that config's K-FAC settings")
     return {"factor_every": kfac["factor_update_steps"], "inv_every": kfac["inv_update_steps"],
             "factor_dtype": kfac.get("factor_dtype"), "inv_dtype": kfac.get("inv_dtype", "fp32"),
             "sample_fraction": kfac.get("factor_sample_fraction", 1.0),
             "grad_worker_fraction": kfac.get("grad_worker_fraction", 1.0),
-            "grafting": kfac.get("grafting", "gradient"),  # the library's default when the config names none
+            "grafting": config.grafting,
             "train_batch_size": ds["train_batch_size"], "config": str(path.relative_to(REPO))}
 
 
@@ -78,7 +82,7 @@ def step_args(ctx: Context, *, dtype: str, batch: int, sample_fraction: float, p
         compute_method=method, inv_dtype=ctx.args.inv_dtype or k["inv_dtype"],
         repeats=1 if smoke else ctx.args.repeats,
         accumulation=passes, pass_fraction=pass_fraction,
-        damping=None, relative_damping=ctx.args.relative_damping, grafting=Grafting(k["grafting"]),
+        damping=None, relative_damping=ctx.args.relative_damping, grafting=k["grafting"],
         warmup=1, device=str(ctx.device), threads=None, decomp_sizes=[], decomp_repeats=1,
         out=ctx.out / "gpu_step_cost.json")
 

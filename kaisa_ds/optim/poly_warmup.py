@@ -21,6 +21,8 @@ import math
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
+from kaisa_ds.enums import parse_count
+
 
 def poly_warmup_factor(step: int, *, warmup_proportion: float, total_steps: int, degree: float = 0.5) -> float:
     """The multiplier of the base lr for the ``step``-th (1-based) optimizer step."""
@@ -42,9 +44,7 @@ class PolyWarmUpScheduler(LRScheduler):
         if isinstance(warmup_proportion, bool) or not (0.0 <= warmup_proportion < 1.0):
             raise ValueError(f"PolyWarmUpScheduler: warmup_proportion={warmup_proportion!r} is not valid; "
                              "allowed: a number in [0, 1), the share of total_steps spent warming up")
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"PolyWarmUpScheduler: total_steps={total_steps!r} is not valid; "
-                             "allowed: an integer >= 1 (the number of optimizer steps)")
+        parse_count("PolyWarmUpScheduler: total_steps", total_steps, meaning="the number of optimizer steps")
         if isinstance(degree, bool) or not (math.isfinite(degree) and degree >= 0):
             raise ValueError(f"PolyWarmUpScheduler: degree={degree!r} is not valid; allowed: a finite number >= 0 "
                              "(NVIDIA's BERT recipe uses 0.5)")
