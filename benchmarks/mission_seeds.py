@@ -89,7 +89,8 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join([
         "# The main job over seeds (K-FAC at its phase-1 config against LAMB)", "",
         f"**K-FAC reached LAMB's final phase-1 held-out MLM loss in {summary['reached_lamb_final']} seeds.** "
-        "Ratios are K-FAC's training seconds (or steps) to LAMB's final (or best) over LAMB's whole phase 1; "
+        "Ratios are K-FAC's training seconds (or steps) to LAMB's final over LAMB's whole phase 1, and to LAMB's "
+        "best over the seconds (or steps) LAMB needed to reach its best; "
         "cost per step is K-FAC's phase-1 training seconds per step over LAMB's; the SQuAD F1 is of K-FAC's model "
         "taken where its phase 1 stopped.", "",
         "Settings: " + ", ".join(f"{k}={v}" for k, v in summary["settings"].items()), "",

@@ -81,3 +81,13 @@ def first_crossing(curve: Curve, target: float) -> Crossing | None:
         return Crossing(step=curve.steps[i - 1] + frac * (curve.steps[i] - curve.steps[i - 1]),
                         seconds=curve.seconds[i - 1] + frac * (curve.seconds[i] - curve.seconds[i - 1]))
     return None
+
+
+def best_point(curve: Curve) -> Crossing | None:
+    """Where the curve first has its lowest value: the steps and training seconds a run needed to reach its own best.
+    Time to a baseline's best counts against this, not against the baseline's whole run: a baseline whose loss rises
+    late is one that should have stopped there, and measured against its whole run a copy of it would 'win'."""
+    if not curve.values:
+        return None
+    i = curve.values.index(min(curve.values))
+    return Crossing(step=curve.steps[i], seconds=curve.seconds[i])

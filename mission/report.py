@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bert_pretrain.curves import Curve, first_crossing, heldout_curve
+from bert_pretrain.curves import Curve, best_point, first_crossing, heldout_curve
 from kaisa_ds.report.metrics_log import read_rows
 
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
@@ -114,14 +114,18 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
 
 
 def add_ratios(figures: dict[str, dict[str, Any]]) -> None:
-    """Each variant's steps and training seconds to LAMB's final as fractions of LAMB's whole phase 1."""
+    """Each variant's steps and training seconds to LAMB's final as fractions of LAMB's whole phase 1, and to LAMB's
+    best as fractions of the steps and seconds LAMB needed to reach its best (:func:`best_point`)."""
     lamb = figures.get(BASELINE, {})
-    total_s, total_steps = lamb.get("phase1_train_seconds"), (lamb.get("heldout_curve") or {}).get("steps")
+    curve = lamb.get("heldout_curve") or {}
+    best = best_point(Curve(**curve)) if curve else None
+    whole = {"final": (lamb.get("phase1_train_seconds"), curve["steps"][-1] if curve.get("steps") else None),
+             "best": (best.seconds, best.step) if best else (None, None)}
     for f in figures.values():
-        for which in ("final", "best"):
+        for which, (total_s, total_steps) in whole.items():
             seconds, steps = f.get(f"seconds_to_lamb_{which}"), f.get(f"steps_to_lamb_{which}")
             f[f"time_ratio_to_lamb_{which}"] = seconds / total_s if seconds is not None and total_s else None
-            f[f"step_ratio_to_lamb_{which}"] = steps / total_steps[-1] if steps is not None and total_steps else None
+            f[f"step_ratio_to_lamb_{which}"] = steps / total_steps if steps is not None and total_steps else None
 
 
 def headline(figures: dict[str, dict[str, Any]]) -> list[str]:
@@ -149,7 +153,8 @@ def headline(figures: dict[str, dict[str, Any]]) -> list[str]:
         if best < lamb["final_heldout_mlm"]:  # LAMB's loss rose late: its best is the fairer target
             ratio = f.get("time_ratio_to_lamb_best")
             lines.append(f"LAMB's held-out loss rose after its best ({best:.4f}): " + (
-                f"{f['label']} reached its best in {ratio:.2f}× LAMB's phase-1 training time." if ratio is not None
+                f"{f['label']} reached its best in {ratio:.2f}× the training time LAMB needed to reach it."
+                if ratio is not None
                 else f"**{f['label']} never reached its best.**"))
     return lines
 

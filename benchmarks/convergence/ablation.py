@@ -32,7 +32,7 @@ from tqdm import tqdm
 from benchmarks.convergence import analysis
 from benchmarks.convergence.runner import final_spec, run
 from benchmarks.harness.output import table
-from bert_pretrain.curves import first_crossing
+from bert_pretrain.curves import Crossing, best_point, first_crossing
 
 IDENTITY_DAMPING = 1.0
 VARIANTS = ("identity", "kfac-size", "gradient")  # what replaces the tuned K-FAC's step: see the module docstring
@@ -54,12 +54,14 @@ def lamb_best(record: dict[str, Any]) -> float:
     return min(record["curve"]["values"])
 
 
-def reach(record: dict[str, Any], target: float, lamb: dict[str, Any]) -> dict[str, Any]:
-    """Steps and training seconds ``record`` needs to reach ``target``, and as fractions of LAMB's whole run."""
+def reach(record: dict[str, Any], target: float, lamb: dict[str, Any], *, within: Crossing | None = None
+          ) -> dict[str, Any]:
+    """Steps and training seconds ``record`` needs to reach ``target``, and as fractions of LAMB's: its whole run, or
+    ``within`` (where LAMB itself reached the target, e.g. its best: :func:`bert_pretrain.curves.best_point`)."""
     hit = first_crossing(analysis.curve_of(record), target)
+    steps, seconds = (within.step, within.seconds) if within else (lamb["spec"]["steps"], lamb["train_seconds"])
     return {"target": target, "step": hit.step if hit else None, "seconds": hit.seconds if hit else None,
-            "step_ratio": hit.step / lamb["spec"]["steps"] if hit else None,
-            "time_ratio": hit.seconds / lamb["train_seconds"] if hit else None}
+            "step_ratio": hit.step / steps if hit else None, "time_ratio": hit.seconds / seconds if hit else None}
 
 
 def generalisation(record: dict[str, Any], lamb: dict[str, Any]) -> dict[str, Any] | None:
@@ -99,7 +101,7 @@ def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any
             gen = generalisation(rec, lr)
             rows.append({"seed": seed, "variant": name, "final": rec["final"], "lamb_final": lr["final"],
                          "lamb_best": lamb_best(lr), "to_lamb_final": reach(rec, lr["final"], lr),
-                         "to_lamb_best": reach(rec, lamb_best(lr), lr),
+                         "to_lamb_best": reach(rec, lamb_best(lr), lr, within=best_point(analysis.curve_of(lr))),
                          "lamb_steps_to_its_best": reach(lr, lamb_best(lr), lr)["step"],
                          "train_seconds": rec["train_seconds"], "one_boot": one_boot(lr, rec),
                          **({"generalisation": gen} if gen is not None else {})})

@@ -568,11 +568,26 @@ def test_ablation_measures_the_reach_of_lambs_best_as_well_as_its_final() -> Non
     assert row["to_lamb_final"]["step"] == pytest.approx(18.0)
     assert row["to_lamb_final"]["time_ratio"] == pytest.approx(0.45)
     assert row["to_lamb_best"]["step"] == pytest.approx(30 + 10 * (6.2 - 6.0) / (6.2 - 5.9))
+    # against the time LAMB needed to reach its best (20 s), not its whole run: a LAMB stopped at its best
+    assert row["to_lamb_best"]["time_ratio"] == pytest.approx(row["to_lamb_best"]["seconds"] / 20.0)
+    assert row["to_lamb_best"]["step_ratio"] == pytest.approx(row["to_lamb_best"]["step"] / 20.0)
     best = summarise(rows)["kfac"]["to_lamb_best"]["time_ratio"]["mean"]
     assert best == pytest.approx(row["to_lamb_best"]["time_ratio"])
     never = seed_rows(lamb, {"kfac": [record(1, [7.2, 7.1, 7.0, 6.9])]})
     assert never[0]["to_lamb_final"]["step"] is None
     assert summarise(never)["kfac"]["to_lamb_final"]["time_ratio"]["missing"] == 1
+
+
+def test_a_copy_of_lamb_reaches_lambs_best_in_lambs_own_time_not_in_less() -> None:
+    """Time to LAMB's best counts against the time LAMB needed to reach it: measured against LAMB's whole run, a
+    K-FAC that is LAMB step for step would 'reach LAMB's best in 0.5 of its time' whenever LAMB peaks halfway."""
+    from benchmarks.convergence.ablation import seed_rows
+
+    lamb = _record("lamb", 1, "report", [7.0, 6.0, 6.5, 6.8])
+    (row,) = seed_rows([lamb], {"copy": [_record("lamb", 1, "report", [7.0, 6.0, 6.5, 6.8])]})
+    assert row["to_lamb_best"]["time_ratio"] == pytest.approx(1.0)
+    assert row["to_lamb_best"]["step_ratio"] == pytest.approx(1.0)
+    assert row["to_lamb_final"]["time_ratio"] == pytest.approx(0.3)  # 6.8 first reached at step 12 of 40
 
 
 def test_a_held_out_lead_is_split_into_faster_optimisation_and_a_smaller_generalisation_gap() -> None:
