@@ -25,7 +25,7 @@ from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import Grafting
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark
 from kaisa_ds.precondition import effectiveness
-from kaisa_ds.precondition.apply import graft, kl_clip_scale
+from kaisa_ds.precondition.apply import size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
@@ -282,19 +282,13 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
-        steps, raw = [pre[n] for n in names], [grads[n] for n in names]
-        if p.config.grafting is Grafting.GRADIENT:
-            steps = graft(steps, raw)
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
-        nu = kl_clip_scale(steps, raw, lr=lr, kl_clip=kl) if kl is not None else None
-        if p.config.grafting is Grafting.KFAC_SIZE:  # after ν: the size is K-FAC's, clip included
-            steps = graft(raw, steps)
+        sized = size_step([pre[n] for n in names], [grads[n] for n in names], grafting=Grafting(p.config.grafting),
+                          lr=lr, kl_clip=kl, loss_scale=p.loss_scale())
         damping = p.config.damping_at(step)
-        p.diagnostics.record_step(kl_scale=nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
+        p.diagnostics.record_step(kl_scale=sized.nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
-        scale = p.loss_scale()
-        for n, out in zip(names, steps):
-            out = out * nu if nu is not None else out
-            s.layers[n].helper.write_grad(p.grads, out * scale if scale != 1.0 else out)
+        for n, out in zip(names, sized.tensors()):
+            s.layers[n].helper.write_grad(p.grads, out)
     p.watermark.record(p.grads, params)
     return outcome

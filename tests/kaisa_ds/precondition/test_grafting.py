@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kaisa_ds import Grafting, KFACConfig
-from kaisa_ds.precondition.apply import graft
+from kaisa_ds.precondition.apply import graft, size_step
 from tests.kaisa_ds.precondition.test_scale_invariance import cosines, preconditioned
 
 
@@ -87,3 +87,29 @@ def test_the_default_step_keeps_each_layers_raw_size_and_an_ungrafted_one_keeps_
     assert KFACConfig(grafting="none").kl_clip == pytest.approx(0.001)
     with pytest.raises(ValueError, match=r"kl_clip='off'.*'auto'"):
         KFACConfig(kl_clip="off")
+
+
+@pytest.mark.parametrize("grafting", list(Grafting))
+def test_one_factor_per_layer_gives_the_step_its_rules_define_one_after_another(grafting: Grafting) -> None:
+    """The step folds grafting, the KL clip and the loss scale into one multiply per layer; the result must be the
+    step the rules give applied in turn (ν measured on the grafted step; ``kfac-size`` after ν)."""
+    g = torch.Generator().manual_seed(1)
+    pre = [torch.randn(4, 3, generator=g) * 30, torch.randn(6, generator=g) * 0.1, torch.zeros(2, 2)]
+    raw = [torch.randn(4, 3, generator=g), torch.randn(6, generator=g), torch.randn(2, 2, generator=g)]
+    lr, kl, loss_scale = 10.0, 1e-3, 8.0
+    steps = graft(pre, raw) if grafting is Grafting.GRADIENT else pre
+    nu = min(1.0, (kl / (lr**2 * abs(sum(float((s * r).sum()) for s, r in zip(steps, raw))))) ** 0.5)
+    if grafting is Grafting.KFAC_SIZE:
+        steps = graft(raw, steps)
+    sized = size_step(pre, raw, grafting=grafting, lr=lr, kl_clip=kl, loss_scale=loss_scale)
+    assert nu < 0.5  # the clip binds, so a ν measured on the wrong step would show
+    assert sized.nu is not None and float(sized.nu) == pytest.approx(nu, rel=1e-5)
+    for got, step in zip(sized.tensors(), steps):
+        assert torch.allclose(got, step * nu * loss_scale, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_without_rules_hands_on_the_preconditioned_gradients_untouched() -> None:
+    pre, raw = [torch.randn(3, 2)], [torch.randn(3, 2)]
+    sized = size_step(pre, raw, grafting=Grafting.NONE, lr=0.1, kl_clip=None)
+    assert sized.nu is None and sized.tensors()[0] is pre[0]  # no multiply at all
+    assert size_step([], [], grafting=Grafting.GRADIENT, lr=0.1, kl_clip=1e-3).tensors() == []
