@@ -34,7 +34,8 @@ def kl_clip_scale(
 
 def graft_ratios(directions: list[torch.Tensor], sizes: list[torch.Tensor]) -> torch.Tensor:
     """Per tensor (1-d, float32), the factor that brings ``directions[i]`` to the norm of ``sizes[i]``; 1 where its
-    own norm is 0 (nothing to scale, and no NaN). Batched norms, no host sync."""
+    own norm is 0 (nothing to scale, and no NaN). Grafting (Agarwal et al. 2020): K-FAC's direction at the
+    gradient's size, or, as an ablation, the gradient's direction at K-FAC's size. Batched norms, no host sync."""
     own = torch.stack([n.float() for n in torch._foreach_norm(directions)])
     wanted = torch.stack([n.float().to(own.device) for n in torch._foreach_norm(sizes)])
     return torch.where(own > 0, wanted / own, torch.ones_like(own))
@@ -46,13 +47,6 @@ def rescale(tensors: list[torch.Tensor], factors: torch.Tensor) -> list[torch.Te
     if not tensors:
         return []
     return list(torch._foreach_mul(tensors, list(factors.to(tensors[0].device).unbind())))
-
-
-def graft(directions: list[torch.Tensor], sizes: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor of ``directions`` rescaled to the norm of its tensor in ``sizes`` (one whose own norm is 0 is left
-    as is). Grafting (Agarwal et al. 2020): K-FAC's direction at the gradient's size, or, as an ablation, the
-    gradient's direction at K-FAC's size."""
-    return rescale(directions, graft_ratios(directions, sizes)) if directions else []
 
 
 @dataclass(frozen=True)
