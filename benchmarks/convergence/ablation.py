@@ -99,10 +99,11 @@ def seed_rows(lamb: list[dict[str, Any]], variants: dict[str, list[dict[str, Any
                 continue
             rec = match[0]
             gen = generalisation(rec, lr)
+            best = best_point(analysis.curve_of(lr))  # where LAMB reached its lowest loss, lamb_best(lr)
             rows.append({"seed": seed, "variant": name, "final": rec["final"], "lamb_final": lr["final"],
                          "lamb_best": lamb_best(lr), "to_lamb_final": reach(rec, lr["final"], lr),
-                         "to_lamb_best": reach(rec, lamb_best(lr), lr, within=best_point(analysis.curve_of(lr))),
-                         "lamb_steps_to_its_best": reach(lr, lamb_best(lr), lr)["step"],
+                         "to_lamb_best": reach(rec, lamb_best(lr), lr, within=best),
+                         "lamb_steps_to_its_best": best.step if best else None,
                          "train_seconds": rec["train_seconds"], "one_boot": one_boot(lr, rec),
                          **({"generalisation": gen} if gen is not None else {})})
     return rows
