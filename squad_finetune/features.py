@@ -19,6 +19,8 @@ import datasets
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from kaisa_ds.enums import parse_count
+
 NO_OFFSET = (-1, -1)
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 
@@ -32,10 +34,9 @@ class FeatureSettings:
     max_query_length: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_seq_length", "doc_stride", "max_query_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is not valid; allowed: an integer >= 1")
+        parse_count("max_seq_length", self.max_seq_length, meaning="tokens in a window")
+        parse_count("doc_stride", self.doc_stride, meaning="context tokens consecutive windows share")
+        parse_count("max_query_length", self.max_query_length, meaning="question tokens kept")
         room = self.max_seq_length - self.max_query_length - 3  # [CLS] question [SEP] context [SEP]
         if room < 1:
             raise ValueError(f"max_seq_length={self.max_seq_length} leaves no room for context after a question of "

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kaisa_ds.enums import parse_count
+
 NEG_INF = float("-inf")
 
 
@@ -25,10 +27,8 @@ class SpanSearch:
     max_answer_length: int = 30
 
     def __post_init__(self) -> None:
-        for name in ("n_best", "max_answer_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} is not valid; allowed: an integer >= 1")
+        parse_count("n_best", self.n_best, meaning="start and end logits kept per window")
+        parse_count("max_answer_length", self.max_answer_length, meaning="tokens in the longest answer span")
 
 
 def top_spans_per_window(

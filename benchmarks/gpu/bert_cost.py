@@ -28,6 +28,7 @@ import torch
 from benchmarks.gpu.context import Context, save
 from benchmarks.harness.machine import machine
 from benchmarks.harness.memory import peak_bytes
+from benchmarks.harness.options import dtype_name
 from benchmarks.step_cost.calibration import decomposition_times
 from benchmarks.step_cost.measure import StepCostRun, build_optimizer, measure
 from kaisa_ds.distributed.assignment import assign_work, resolve_grad_workers
@@ -48,16 +49,15 @@ TARGET = 0.05  # amortised K-FAC overhead at BERT-Large with the levers, share o
 def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
     """Intervals and levers of the phase-1 K-FAC config (the numbers KAISA's BERT-Large runs use)."""
     ds = json.loads(path.read_text())
-    kfac = ds["kfac"]
     config = parse_kfac_section(ds).config  # the library's reader: its defaults for what the file leaves out
     if config is None:
         raise ValueError(f"{path}: kfac is not enabled; the GPU step cost measures that config's K-FAC settings")
-    return {"factor_every": kfac["factor_update_steps"], "inv_every": kfac["inv_update_steps"],
-            "factor_dtype": kfac.get("factor_dtype"), "inv_dtype": kfac.get("inv_dtype", "fp32"),
-            "sample_fraction": kfac.get("factor_sample_fraction", 1.0),
-            "grad_worker_fraction": kfac.get("grad_worker_fraction", 1.0),
-            "grafting": config.grafting,
-            "train_batch_size": ds["train_batch_size"], "config": str(path.relative_to(REPO))}
+    return {"factor_every": config.factor_update_steps, "inv_every": config.inv_update_steps,
+            "factor_dtype": dtype_name(config.factor_dtype, name="factor_dtype"),
+            "inv_dtype": dtype_name(config.inv_dtype, name="inv_dtype"),
+            "sample_fraction": config.factor_sample_fraction, "grad_worker_fraction": config.grad_worker_fraction,
+            "grafting": config.grafting, "train_batch_size": ds["train_batch_size"],
+            "config": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)}
 
 
 def accumulation(ctx: Context, batch: int) -> int:

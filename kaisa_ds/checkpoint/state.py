@@ -21,7 +21,7 @@ from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, layout
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.distributed.collectives import broadcast_flat
-from kaisa_ds.enums import ComputeMethod, parse_enum
+from kaisa_ds.enums import ComputeMethod, parse_count, parse_enum
 from kaisa_ds.structure import LayerStructure, layer_info
 
 logger = logging.getLogger(__name__)
@@ -169,9 +169,8 @@ def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagona
     if missing:
         raise ValueError(f"K-FAC state lacks the key(s) {missing}; it is truncated or not from kaisa_ds")
     check_same_model(discovered, state["discovered"])
-    rows = state.get("statistic_rows")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
-        raise ValueError(f"K-FAC state: statistic_rows={rows!r}, expected a positive integer or null (corrupt?)")
+    parse_count("statistic_rows", state.get("statistic_rows"), allow_none=True,
+                meaning="rows one factor update takes in over every rank; the saved K-FAC state is corrupt")
     if state["layers"] is None:
         return []
     dims = _factor_dims(state["layers"])

@@ -135,3 +135,21 @@ def test_an_unknown_effectiveness_case_is_refused_with_the_names(capsys: pytest.
     assert main(["--cpu-smoke", "--part", "diagnose", "--cases", "inverse_bf8"]) == 2
     err = capsys.readouterr().err
     assert "inverse_bf8" in err and "inverse_bf16_align-default" in err
+
+
+def test_the_step_cost_settings_come_from_the_library_reader(tmp_path: Path) -> None:
+    """Keys a config leaves out take the library's own defaults (not literals beside it), and dtypes come back as the
+    flag names step_cost takes, aliases included."""
+    from benchmarks.gpu.bert_cost import kaisa_settings
+    from kaisa_ds.config import KFACConfig
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 64, "kfac": {"enabled": True, "factor_dtype": "float16"}}))
+    settings = kaisa_settings(path)
+    library = KFACConfig()
+    assert settings["inv_every"] == library.inv_update_steps and settings["factor_every"] == library.factor_update_steps
+    assert settings["sample_fraction"] == library.factor_sample_fraction
+    assert settings["grad_worker_fraction"] == library.grad_worker_fraction
+    assert (settings["factor_dtype"], settings["inv_dtype"]) == ("fp16", "fp32")
+    assert settings["config"] == str(path)
+    json.dumps(settings)  # it goes into the suite's JSON report as it is

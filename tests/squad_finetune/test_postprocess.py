@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from squad_finetune.postprocess import SpanSearch, predict_answers, top_spans_per_window
@@ -93,3 +94,11 @@ def test_matches_reference_loop_on_random_logits() -> None:
         assert (s_tok[w, 0].item(), e_tok[w, 0].item()) == (ref[1], ref[2])
         assert abs(scores[w, 0].item() - ref[0]) < 1e-5
     assert torch.isfinite(scores[:, 0]).sum() > windows // 2  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_best=0), dict(max_answer_length=True), dict(max_answer_length=2.5)])
+def test_bad_search_limits_named(kwargs: dict[str, object]) -> None:
+    """A limit that is not an integer >= 1 is refused with its name and what it counts."""
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=rf"{name}=.*integer >= 1 \(\w"):
+        SpanSearch(**kwargs)  # type: ignore[arg-type]
