@@ -20,9 +20,9 @@ def dtype_name(value: torch.dtype | str | None, *, name: str) -> str | None:
     dtype = parse_dtype(value, name=name, allow_none=True)
     if dtype is None:
         return None
-    for name in DTYPE_NAMES:
-        if DTYPES[name] == dtype:
-            return name
+    for flag in DTYPE_NAMES:
+        if DTYPES[flag] == dtype:
+            return flag
     raise ValueError(f"{name}={value!r} has no benchmark flag name; allowed: {', '.join(DTYPE_NAMES)}")
 
 

@@ -153,3 +153,6 @@ def test_the_step_cost_settings_come_from_the_library_reader(tmp_path: Path) -> 
     assert (settings["factor_dtype"], settings["inv_dtype"]) == ("fp16", "fp32")
     assert settings["config"] == str(path)
     json.dumps(settings)  # it goes into the suite's JSON report as it is
+    path.write_text(json.dumps({"train_batch_size": 64, "kfac": {"enabled": True, "factor_dtype": "fp64"}}))
+    with pytest.raises(ValueError, match=r"factor_dtype='?(fp64|torch.float64)"):
+        kaisa_settings(path)  # a dtype the step cost's flags cannot name is refused by its option's name
