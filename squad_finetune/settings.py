@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kaisa_ds.engine.ds_config import load_config
+from kaisa_ds.enums import parse_count
 
 if TYPE_CHECKING:  # imported where used: they pull in datasets and torch, and --help reads the recipe files
     from squad_finetune.features import FeatureSettings
@@ -62,10 +63,6 @@ class Recipe:
         def bad(name: str, allowed: str) -> ConfigError:
             return ConfigError(f"{name}={getattr(self, name)!r} is not valid; allowed: {allowed}")
 
-        if not _is_int(self.epochs) or self.epochs < 1:
-            raise bad("epochs", "an integer >= 1")
-        if self.max_steps is not None and (not _is_int(self.max_steps) or self.max_steps < 1):
-            raise bad("max_steps", "an integer >= 1 or null")
         if not _is_number(self.lr) or not self.lr > 0:
             raise bad("lr", "a number > 0")
         if not _is_number(self.eps) or not self.eps > 0:
@@ -78,8 +75,11 @@ class Recipe:
             raise bad("betas", "two numbers in [0, 1)")
         if not _is_int(self.seed):
             raise bad("seed", "an integer")
-        try:
-            _ = (self.features, self.search)  # their own checks, re-raised as config errors
+        try:  # the library's count reader and the window/search settings' own checks, re-raised as config errors
+            parse_count("epochs", self.epochs, meaning="passes over the training features")
+            parse_count("max_steps", self.max_steps, allow_none=True,
+                        meaning="optimizer steps after which training stops, if the epochs have not ended it")
+            _ = (self.features, self.search)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

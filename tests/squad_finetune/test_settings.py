@@ -93,3 +93,11 @@ def test_shipped_configs_parse(path: Path) -> None:
 def test_configs_exist() -> None:
     names = {p.name for p in CONFIGS}
     assert {"squad_tiny_cpu.json", "squad_bert_large.json", "squad_bert_large_kfac.json"} <= names
+
+
+@pytest.mark.parametrize("kwargs", [dict(epochs=0), dict(epochs=True), dict(max_steps=0), dict(max_steps=2.5)])
+def test_bad_step_counts_are_config_errors_that_say_what_they_count(kwargs: dict[str, object]) -> None:
+    """The recipe's counts go through the library's count reader, still as ConfigError (what the loader names)."""
+    name = next(iter(kwargs))
+    with pytest.raises(ConfigError, match=rf"{name}=.*integer >= 1 \(\w"):
+        Recipe(**kwargs)  # type: ignore[arg-type]
