@@ -87,7 +87,8 @@ class KFACConfig:
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
         compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions or damped inverses.
         grad_worker_fraction: share of ranks that precondition each layer, in [1/world, 1], or a
-            :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world).
+            :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world,
+            ``auto``: ``mem-opt`` on CPU ranks, ``comm-opt`` elsewhere). Every choice gives the same gradients.
         factor_dtype: storage dtype of the factors (``fp16``/``bf16`` keep a power-of-two scale); None: FP32.
         inv_dtype: dtype decompositions are stored and applied in.
         decomposition_dtype: dtype decompositions are computed in, ``fp32`` or ``fp64`` (a failure is retried in FP64).
@@ -117,7 +118,7 @@ class KFACConfig:
     grafting: Grafting | str = Grafting.GRADIENT  # defaults_rule_6.md: E's sizes harmed where no text repeats
     lr: ScheduleLike = 0.1
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
-    grad_worker_fraction: GradWorkerFraction = 1.0
+    grad_worker_fraction: GradWorkerFraction = DistributedStrategy.AUTO  # benchmarks/README.md#strategy_cost
     factor_dtype: torch.dtype | str | None = None
     inv_dtype: torch.dtype | str = torch.float32
     decomposition_dtype: torch.dtype | str = torch.float32

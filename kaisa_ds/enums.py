@@ -27,12 +27,16 @@ class DistributedStrategy(str, enum.Enum):
 
     ``comm-opt``: every rank holds every decomposition and preconditions every layer (fraction 1: most memory, no
     gradient broadcast). ``mem-opt``: one rank per layer decomposes, preconditions and broadcasts its gradient
-    (fraction 1/world: least memory). ``hybrid-opt``: half the ranks per layer (fraction 1/2).
+    (fraction 1/world: least memory). ``hybrid-opt``: half the ranks per layer (fraction 1/2). ``auto`` (the
+    default): ``mem-opt`` on CPU ranks (gloo), where the per-step matmuls of COMM-OPT would run on every rank on
+    the same scarce cores while a broadcast is a local copy; ``comm-opt`` elsewhere (KAISA's and kfac-pytorch's
+    default on GPUs).
     """
 
     COMM_OPT = "comm-opt"  # fraction 1: every rank holds every decomposition
     HYBRID_OPT = "hybrid-opt"  # fraction 1/2 (when the world size allows it)
     MEM_OPT = "mem-opt"  # fraction 1/world: one rank per layer preconditions and broadcasts
+    AUTO = "auto"  # mem-opt on CPU ranks, comm-opt on accelerators (resolve_grad_workers)
 
 
 class LambImplementation(str, enum.Enum):
@@ -175,5 +179,5 @@ def parse_worker_fraction(value: Any) -> float | DistributedStrategy:
         return parse_enum(DistributedStrategy, value, name="grad_worker_fraction")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise ValueError(f"grad_worker_fraction={value!r} is not valid; allowed: a float in [1/world_size, 1] "
-                         "or 'comm-opt', 'hybrid-opt', 'mem-opt'")
+                         "or 'auto', 'comm-opt', 'hybrid-opt', 'mem-opt'")
     return float(value)

@@ -21,7 +21,7 @@ from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import Decomposition, storage_bytes
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
-from kaisa_ds.distributed.collectives import on_any_rank, rank, world_size
+from kaisa_ds.distributed.collectives import cpu_ranks, on_any_rank, rank, world_size
 from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import ComputeMethod, LossReduction
@@ -68,7 +68,8 @@ class KFACPreconditioner:
         self.world, self.rank = world_size(), rank()
         if self.world > 1:
             register_exit_grace()  # gloo ranks could otherwise abort at exit, after the run is done
-        self.grad_workers = resolve_grad_workers(self.config.grad_worker_fraction, self.world)  # type: ignore[arg-type]
+        self.grad_workers = resolve_grad_workers(self.config.grad_worker_fraction, self.world,  # type: ignore[arg-type]
+                                                 cpu_ranks=cpu_ranks())
         self.steps = 0
         self.skipped_windows = 0
         self.decompositions: dict[str, Decomposition] = {}

@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from kaisa_ds.enums import DistributedStrategy
 
 
-def resolve_grad_workers(fraction: float | DistributedStrategy, world: int) -> int:
-    """Number of gradient workers per layer; ValueError unless ``world · fraction`` divides ``world``."""
+def resolve_grad_workers(fraction: float | DistributedStrategy, world: int, *, cpu_ranks: bool = False) -> int:
+    """Number of gradient workers per layer; ValueError unless ``world · fraction`` divides ``world``.
+    ``cpu_ranks``: the ranks compute on CPUs (gloo), where :attr:`DistributedStrategy.AUTO` means MEM-OPT."""
+    if fraction == DistributedStrategy.AUTO:
+        fraction = DistributedStrategy.MEM_OPT if cpu_ranks else DistributedStrategy.COMM_OPT
     if isinstance(fraction, DistributedStrategy):
         if fraction is DistributedStrategy.COMM_OPT:
             return world

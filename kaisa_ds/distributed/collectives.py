@@ -35,6 +35,14 @@ def rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+CPU_BACKENDS = ("gloo", "mpi", "ccl")  # process-group backends of CPU ranks (DeepSpeed's CPU accelerator: gloo)
+
+
+def cpu_ranks() -> bool:
+    """Whether the default process group's ranks compute on CPUs (False when there is none)."""
+    return world_size() > 1 and str(dist.get_backend()) in CPU_BACKENDS
+
+
 def on_any_rank(flags: dict[str, bool], *, device: torch.device) -> set[str]:
     """The names flagged on at least one rank (one all-reduce; every rank passes the same names in the same order)."""
     if world_size() == 1:

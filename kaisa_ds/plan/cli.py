@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ds-config", type=Path, help="a DeepSpeed JSON: its kfac section and batch keys (flags win; "
                    "HF \"auto\" batch keys need --micro-batch / --passes)")
     p.add_argument("--world", type=int, required=True, help="number of ranks (GPUs)")
+    p.add_argument("--cpu-ranks", action="store_true", help="plan CPU ranks (gloo), where grad_worker_fraction "
+                   "'auto' (the default) is MEM-OPT; default: GPUs, where it is COMM-OPT")
     p.add_argument("--micro-batch", type=int, help="sequences per rank per pass (default: from the JSON's batch keys "
                    f"as DeepSpeed derives it, else {DEFAULT_MICRO})")
     p.add_argument("--seq", type=int, default=128, help="sequence length (default: %(default)s)")
@@ -189,9 +191,12 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
                        inverse_seconds=dict(args.inverse_seconds), step_seconds=step_seconds,
                        network_gbps=args.network_gbps)
     plan = make_plan(shapes, config, world=args.world, micro_batch=micro, seq=args.seq, passes=passes, rates=rates,
-                     baseline_flops=bert_step_flops(bert_cfg, micro_batch=micro, seq=args.seq, passes=passes))
+                     baseline_flops=bert_step_flops(bert_cfg, micro_batch=micro, seq=args.seq, passes=passes),
+                     cpu_ranks=args.cpu_ranks)
     plan["model"] = str(args.model)
-    plan["kfac"] = {"grad_worker_fraction": str(config.grad_worker_fraction), "factor_dtype": str(config.factor_dtype),
+    fraction = config.grad_worker_fraction
+    plan["kfac"] = {"grad_worker_fraction": str(getattr(fraction, "value", fraction)),
+                    "factor_dtype": str(config.factor_dtype),
                     "inv_dtype": str(config.inv_dtype), "compute_method": config.method.value,
                     "symmetry_aware": config.symmetry_aware, "factor_sample_fraction": config.factor_sample_fraction,
                     "factor_pass_fraction": config.factor_pass_fraction, "skip_layers": list(config.skip_layers)}

@@ -101,9 +101,11 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
 
 
 def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batch: int, seq: int, passes: int = 1,
-              rates: Rates | None = None, baseline_flops: float | None = None) -> dict[str, Any]:
-    """Everything the planner reports for one configuration (see the module docstring)."""
-    g = resolve_grad_workers(config.grad_worker_fraction, world)  # type: ignore[arg-type]
+              rates: Rates | None = None, baseline_flops: float | None = None,
+              cpu_ranks: bool = False) -> dict[str, Any]:
+    """Everything the planner reports for one configuration (see the module docstring); ``cpu_ranks``: plan CPU
+    ranks, where ``grad_worker_fraction="auto"`` is MEM-OPT (on GPUs: COMM-OPT)."""
+    g = resolve_grad_workers(config.grad_worker_fraction, world, cpu_ranks=cpu_ranks)  # type: ignore[arg-type]
     a = assign(shapes, world=world, grad_workers=g)
     mem = memory_per_rank(shapes, a, config)
     worst = max(mem, key=lambda m: m.total)

@@ -79,6 +79,15 @@ def test_grad_worker_fraction_must_divide_world() -> None:
         resolve_grad_workers(0.1, 4)  # below 1/world
 
 
+def test_auto_strategy_is_mem_opt_on_cpu_ranks_and_kaisas_comm_opt_elsewhere() -> None:
+    from kaisa_ds.distributed.assignment import resolve_grad_workers
+
+    assert KFACConfig(grad_worker_fraction="auto").grad_worker_fraction is DistributedStrategy.AUTO
+    assert resolve_grad_workers("auto", 8, cpu_ranks=True) == 1  # type: ignore[arg-type]
+    assert resolve_grad_workers(DistributedStrategy.AUTO, 8, cpu_ranks=False) == 8
+    assert resolve_grad_workers(0.5, 8, cpu_ranks=True) == 4  # an explicit choice stands on CPU ranks too
+
+
 def test_skip_layers_match_names_and_class_names() -> None:
     model = TinyMLP()
     assert list(KFACPreconditioner(model, skip_layers=["fc2"]).layers) == ["fc1"]

@@ -182,3 +182,20 @@ def test_half_precision_factors_match_fp32_single_process_within_documented_tole
                 for name in w:
                     err = ((g[name] - w[name]).norm() / w[name].norm()).item()
                     assert err <= tol, f"rank {rank} {label} step {step} {name}: {err:.2e} > {tol}"
+
+
+def _default_strategy(rank: int, world: int) -> dict[str, object]:
+    """What ``grad_worker_fraction`` left at its default resolves to on gloo (CPU) ranks, and its gradients."""
+    torch.manual_seed(0)
+    precond = KFACPreconditioner(TinyTransformerish(), damping=0.01, kl_clip=0.05, lr=0.1)
+    return {"grad_workers": precond.grad_workers, "grads": _train("auto", rank, world)}
+
+
+def test_cpu_ranks_default_to_mem_opt_with_the_single_process_gradients(
+        reference: list[dict[str, torch.Tensor]]) -> None:
+    """On CPU ranks every rank preconditioning every layer (COMM-OPT) repeats the per-step matmuls world times over
+    for nothing: the default gives each layer one rank and broadcasts its result (MEM-OPT), with the same
+    gradients."""
+    for rank, got in enumerate(run_distributed(_default_strategy, 2)):
+        assert got["grad_workers"] == 1
+        _assert_close(got["grads"], reference, f"auto rank {rank}")  # type: ignore[arg-type]

@@ -90,12 +90,13 @@ def test_plan_equals_measured_memory_and_traffic(world: int) -> None:
         cfg = config(options)
         ranks = [m[i] for m in measured]
         shapes, _ = bert_shapes(SIZE, cfg, seq=SEQ, vocab=VOCAB)
-        a = assign(shapes, world=world, grad_workers=resolve_grad_workers(cfg.grad_worker_fraction, world))  # type: ignore[arg-type]
+        workers = resolve_grad_workers(cfg.grad_worker_fraction, world, cpu_ranks=True)  # type: ignore[arg-type]
+        a = assign(shapes, world=world, grad_workers=workers)
         assert a.inverse_worker == ranks[0]["inverse_worker"] and a.unit_group == ranks[0]["unit_group"], options
         for r, (want, got) in enumerate(zip(memory_per_rank(shapes, a, cfg), ranks)):
             assert (want.factors, want.window, want.decompositions, want.denominators) == (
                 got["factors"], got["window"], got["decompositions"], got["denominators"]), (options, r)
-        plan = make_plan(shapes, cfg, world=world, micro_batch=BATCH, seq=SEQ)
+        plan = make_plan(shapes, cfg, world=world, micro_batch=BATCH, seq=SEQ, cpu_ranks=True)  # gloo ranks
         assert plan["memory_bytes_per_rank"] == max(sum(m[k] for k in ("factors", "window", "decompositions",
                                                                        "denominators")) for m in ranks)
         payload = plan["traffic"]["payload_bytes_per_rank"]

@@ -41,6 +41,18 @@ def test_ds_config_section_and_flags_override(tmp_path: Path, capsys: pytest.Cap
     assert mem["memory_bytes_per_rank"] < base["memory_bytes_per_rank"]
 
 
+def test_the_default_strategy_is_planned_for_the_ranks_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """``grad_worker_fraction`` left at ``auto`` is COMM-OPT on GPUs and MEM-OPT on CPU ranks: the plan says which it
+    planned, by name, and the memory follows."""
+    main(["--model", "tiny", "--world", "4", "--json"])
+    gpus = json.loads(capsys.readouterr().out)
+    main(["--model", "tiny", "--world", "4", "--json", "--cpu-ranks"])
+    cpus = json.loads(capsys.readouterr().out)
+    assert (gpus["strategy"], cpus["strategy"]) == ("COMM-OPT", "MEM-OPT")
+    assert gpus["kfac"]["grad_worker_fraction"] == cpus["kfac"]["grad_worker_fraction"] == "auto"
+    assert cpus["memory_bytes_per_rank"] < gpus["memory_bytes_per_rank"]
+
+
 def test_bad_input_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--world", "4", "--factor-dtype", "int8"])
