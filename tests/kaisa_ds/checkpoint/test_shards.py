@@ -119,6 +119,17 @@ def test_one_rank_to_two_mem_opt(tmp_path: Path) -> None:
         assert got["losses"] == pytest.approx(full[SPLIT:], rel=1e-6)
 
 
+def test_a_comm_opt_checkpoint_resumes_under_the_cpu_default(saved_on_two: tuple[Path, list[dict]]) -> None:
+    """Runs saved before grad_worker_fraction became "auto" (COMM-OPT on 2 CPU ranks) resume under MEM-OPT, which
+    it now means there: each rank takes its layers' decompositions from whichever shard holds them, none recomputed."""
+    folder, _ = saved_on_two
+    results = run_distributed(_resume, 2, str(folder), "auto")
+    assert set(results[0]["decompositions"]).isdisjoint(results[1]["decompositions"])  # one holder each
+    for got in results:
+        assert got["steps"] == SPLIT and not got["recompute"]
+        assert got["losses"] == pytest.approx(_reference()[SPLIT:], rel=1e-6)
+
+
 def test_a_decomposition_the_shards_lack_is_recomputed_from_its_factor(tmp_path: Path,
                                                                         saved_on_two: tuple[Path, list[dict]]) -> None:
     folder = tmp_path / "ckpt"
