@@ -28,11 +28,12 @@ from typing import Any
 from benchmarks.harness.cli import parser
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import publish, table
+from kaisa_ds.enums import DistributedStrategy
 from kaisa_ds.report.metrics_log import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 MISSION_CONFIG = REPO / "ds_configs" / "bert_tiny_mission_phase1_kfac.json"
-STRATEGIES = ("comm-opt", "mem-opt")
+STRATEGIES = (DistributedStrategy.COMM_OPT.value, DistributedStrategy.MEM_OPT.value)  # the config values timed
 LAMB = "lamb"
 
 
