@@ -90,7 +90,8 @@ class KFACConfig:
             :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world,
             ``auto``: ``mem-opt`` on CPU ranks, ``comm-opt`` elsewhere). Every choice gives the same gradients.
         factor_dtype: storage dtype of the factors (``fp16``/``bf16`` keep a power-of-two scale); None: FP32.
-        inv_dtype: dtype decompositions are stored and applied in.
+        inv_dtype: dtype decompositions are stored and applied in; ``"auto"`` (None): BF16 on CUDA devices, where FP32
+            preconditioning matmuls miss the tensor cores (benchmarks/README.md, BERT-base on a GPU), FP32 elsewhere.
         decomposition_dtype: dtype decompositions are computed in, ``fp32`` or ``fp64`` (a failure is retried in FP64).
         skip_layers: regular expressions; a module whose name (search) or class name (full match) matches is not
             preconditioned.
@@ -120,7 +121,7 @@ class KFACConfig:
     compute_method: ComputeMethod | str = ComputeMethod.EIGEN
     grad_worker_fraction: GradWorkerFraction = DistributedStrategy.AUTO  # benchmarks/README.md#strategy_cost
     factor_dtype: torch.dtype | str | None = None
-    inv_dtype: torch.dtype | str = torch.float32
+    inv_dtype: torch.dtype | str | None = AUTO  # inv_dtype_on: bf16 on CUDA (0.5-0.7% gradient error), fp32 elsewhere
     decomposition_dtype: torch.dtype | str = torch.float32
     skip_layers: tuple[str, ...] | list[str] | str = ()
     symmetry_aware: bool = False
@@ -149,7 +150,7 @@ class KFACConfig:
         if conflict:
             raise ValueError(conflict)
         self.factor_dtype = parse_dtype(self.factor_dtype, name="factor_dtype", allow_none=True)
-        self.inv_dtype = parse_dtype(self.inv_dtype, name="inv_dtype") or torch.float32
+        self.inv_dtype = None if self.inv_dtype in (None, AUTO) else parse_dtype(self.inv_dtype, name="inv_dtype")
         self.decomposition_dtype = parse_dtype(self.decomposition_dtype, name="decomposition_dtype") or torch.float32
         if self.decomposition_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"decomposition_dtype={self.decomposition_dtype} is not valid; allowed: fp32, fp64")
@@ -198,6 +199,12 @@ class KFACConfig:
         raw = evaluate(getattr(self, name), step)
         checked = check_range(name, raw)
         return int(checked) if name.endswith("_steps") and checked is not None else checked
+
+    def inv_dtype_on(self, device: torch.device | None) -> torch.dtype:
+        """The dtype decompositions are stored in on ``device`` (None: a CPU), ``inv_dtype`` resolved."""
+        if isinstance(self.inv_dtype, torch.dtype):
+            return self.inv_dtype
+        return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
 
     @property
     def auto_interval(self) -> bool:

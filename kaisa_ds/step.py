@@ -141,8 +141,9 @@ def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomp
     """Factor ``name``'s decomposition with a validity flag (:mod:`kaisa_ds.decomposition.flagged`); ``empty``:
     the zeros a receiver hands to the broadcast."""
     f = s.factors()[name]
-    shape = {"diagonal": f.diagonal, "method": p.config.method, "dtype": p.config.inv_dtype,
-             "device": next(iter(s.layers.values())).helper.weight.device}
+    device = next(iter(s.layers.values())).helper.weight.device
+    shape = {"diagonal": f.diagonal, "method": p.config.method, "dtype": p.config.inv_dtype_on(device),
+             "device": device}
     if empty:
         return placeholder(f.dim, **shape)  # type: ignore[arg-type]
     return with_flag(decompositions.get(name), f.dim, **shape)  # type: ignore[arg-type]
@@ -156,7 +157,7 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> tuple[Decompositio
             if s.decomposes(name, p.rank) and f.has_value}
     fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method,
                           damping=cfg.damping_at(p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
-                          out_dtype=cfg.inv_dtype)  # type: ignore[arg-type]
+                          out_dtype=cfg.inv_dtype_on(next(iter(s.layers.values())).helper.weight.device))
     decs = {**p.decompositions, **{n: d for n, d in fresh.items() if d is not None}}
     sent = check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
     local = {name: flagged(p, s, decs, name) for name in s.factors() if s.decomposes(name, p.rank)}

@@ -54,7 +54,7 @@ def kaisa_settings(path: Path = PHASE1) -> dict[str, Any]:
         raise ValueError(f"{path}: kfac is not enabled; the GPU step cost measures that config's K-FAC settings")
     return {"factor_every": config.factor_update_steps, "inv_every": config.inv_update_steps,
             "factor_dtype": dtype_name(config.factor_dtype, name="factor_dtype"),
-            "inv_dtype": dtype_name(config.inv_dtype, name="inv_dtype"),
+            "inv_dtype": dtype_name(config.inv_dtype_on(torch.device("cuda")), name="inv_dtype"),  # "auto" on a GPU
             "sample_fraction": config.factor_sample_fraction, "grad_worker_fraction": config.grad_worker_fraction,
             "grafting": config.grafting, "train_batch_size": ds["train_batch_size"],
             "config": str(path.relative_to(REPO) if path.is_relative_to(REPO) else path)}

@@ -87,7 +87,7 @@ def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
         if name in facs:
             facs[name].restore(saved_factor, device)
     present = set(state["decompositions"]) - set(dropped) if saved_method(state) is method else set()
-    decompositions = {f: from_tensors([t.to(device=device, dtype=p.config.inv_dtype)  # type: ignore[arg-type]
+    decompositions = {f: from_tensors([t.to(device=device, dtype=p.config.inv_dtype_on(device))
                                        for t in ts], method=method)
                       for f, ts in state["decompositions"].items() if f in present and structure.holds(f, p.rank)}
     return Restored(**counters, candidates=fresh, structure=structure, decompositions=decompositions,
@@ -112,7 +112,7 @@ def usable_decompositions(p: StateOwner, found: dict[str, list[torch.Tensor]], *
         if name in facs and s.holds(name, p.rank) and _usable(name, tensors, dim=facs[name].dim,
                                                               diagonal=facs[name].diagonal, method=method,
                                                               source=source):
-            kept[name] = from_tensors([t.to(device=device, dtype=p.config.inv_dtype, copy=True)  # type: ignore[arg-type]
+            kept[name] = from_tensors([t.to(device=device, dtype=p.config.inv_dtype_on(device), copy=True)
                                        for t in tensors], method=method)
     missing = any(f.has_value and s.holds(n, p.rank) and n not in kept for n, f in facs.items())
     if p.world > 1:  # a decomposition step is a collective: every rank must agree to run one

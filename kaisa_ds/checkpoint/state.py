@@ -66,8 +66,8 @@ def _gather_decompositions(p: StateOwner) -> dict[str, list[torch.Tensor]]:
     if s is None:
         return {}
     facs = s.factors()
-    shape = {"method": p.config.method, "dtype": p.config.inv_dtype,
-             "device": next(iter(s.layers.values())).helper.weight.device}
+    device = next(iter(s.layers.values())).helper.weight.device
+    shape = {"method": p.config.method, "dtype": p.config.inv_dtype_on(device), "device": device}
     out: dict[str, list[torch.Tensor]] = {}
     for src in range(p.world):
         names = [f for f in facs if s.decomposes(f, src)]

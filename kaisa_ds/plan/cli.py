@@ -31,6 +31,7 @@ from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.optim.select import is_lamb_config
 from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
+from kaisa_ds.plan.memory import inv_dtype_label
 from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration
 from kaisa_ds.plan.shapes import bert_config, bert_shapes
 from kaisa_ds.plan.summary import MEMORY_PARTS, make_plan
@@ -197,7 +198,8 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     fraction = config.grad_worker_fraction
     plan["kfac"] = {"grad_worker_fraction": str(getattr(fraction, "value", fraction)),
                     "factor_dtype": str(config.factor_dtype),
-                    "inv_dtype": str(config.inv_dtype), "compute_method": config.method.value,
+                    "inv_dtype": inv_dtype_label(config, cpu_ranks=args.cpu_ranks),
+                    "compute_method": config.method.value,
                     "symmetry_aware": config.symmetry_aware, "factor_sample_fraction": config.factor_sample_fraction,
                     "factor_pass_fraction": config.factor_pass_fraction, "skip_layers": list(config.skip_layers)}
     return plan

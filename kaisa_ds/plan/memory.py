@@ -22,6 +22,17 @@ def element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def planned_inv_dtype(config: KFACConfig, *, cpu_ranks: bool) -> torch.dtype:
+    """The decompositions' dtype on the planned ranks: ``inv_dtype``, its ``"auto"`` resolved for GPUs or CPU ranks."""
+    return config.inv_dtype_on(torch.device("cpu" if cpu_ranks else "cuda"))
+
+
+def inv_dtype_label(config: KFACConfig, *, cpu_ranks: bool) -> str:
+    """The planned decompositions' dtype as the plan prints it, marked ``auto:`` when the default chose it."""
+    dtype = planned_inv_dtype(config, cpu_ranks=cpu_ranks)
+    return f"auto: {dtype}" if config.inv_dtype is None else str(dtype)
+
+
 def factor_dtype(config: KFACConfig) -> torch.dtype:
     """The running averages' storage dtype (FP32 statistics when ``factor_dtype`` is unset)."""
     return config.storage_dtype or torch.float32
@@ -88,10 +99,12 @@ def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: Compute
     return total + len(groups)
 
 
-def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACConfig) -> list[RankMemory]:
-    """Steady-state K-FAC bytes of every rank, inside a factor window (the window buffers are open)."""
+def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACConfig, *,
+                    cpu_ranks: bool = False) -> list[RankMemory]:
+    """Steady-state K-FAC bytes of every rank (GPUs, or CPU ranks), inside a factor window (the window buffers are
+    open)."""
     method = config.method
-    inv = element_size(config.inv_dtype)  # type: ignore[arg-type]
+    inv = element_size(planned_inv_dtype(config, cpu_ranks=cpu_ranks))
     stored = sum(f.numel for f in shapes.factors.values()) * element_size(factor_dtype(config))
     window = window_bytes(shapes, config)
     unit_layers = shapes.unit_layers()

@@ -10,7 +10,7 @@ from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
 from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.factors.sampling import kept_passes, kept_rows
 from kaisa_ds.plan.balance import assign, balance
-from kaisa_ds.plan.memory import element_size, memory_per_rank
+from kaisa_ds.plan.memory import element_size, memory_per_rank, planned_inv_dtype
 from kaisa_ds.plan.overhead import Rates
 from kaisa_ds.plan.shapes import ModelShapes
 from kaisa_ds.plan.traffic import (
@@ -36,14 +36,17 @@ def _max_mean(values: list[float]) -> dict[str, float]:
     return {"max": max(values), "mean": sum(values) / len(values)}
 
 
-def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig, *, inv_every: int) -> dict[str, Any]:
-    """Payload bytes per rank of each collective on each kind of step, and amortised over one period."""
+def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig, *, inv_every: int,
+            cpu_ranks: bool = False) -> dict[str, Any]:
+    """Payload bytes per rank (GPUs, or CPU ranks) of each collective on each kind of step, and amortised over one
+    period."""
     per_rank = payload_per_rank(
         factors={n: (f.dim, f.diagonal) for n, f in shapes.factors.items()},
         layers={n: (ly.grad_numel, ly.unit) for n, ly in shapes.layers.items()},
         inverse_worker=a.inverse_worker, unit_group=a.unit_group, world=a.world, grad_workers=a.grad_workers,
         symmetric=statistics_packed(config), method=config.method,
-        stat_bytes=element_size(statistics_dtype(config)), inv_bytes=element_size(config.inv_dtype))  # type: ignore[arg-type]
+        stat_bytes=element_size(statistics_dtype(config)),
+        inv_bytes=element_size(planned_inv_dtype(config, cpu_ranks=cpu_ranks)))
     period, counts = step_counts(config.value("factor_update_steps", 0), inv_every)
     kinds = {k.name: k for k in STEP_KINDS if k.name in counts}
     by_kind: dict[str, dict[str, dict[str, float]]] = {}
@@ -107,14 +110,14 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
     ranks, where ``grad_worker_fraction="auto"`` is MEM-OPT (on GPUs: COMM-OPT)."""
     g = resolve_grad_workers(config.grad_worker_fraction, world, cpu_ranks=cpu_ranks)  # type: ignore[arg-type]
     a = assign(shapes, world=world, grad_workers=g)
-    mem = memory_per_rank(shapes, a, config)
+    mem = memory_per_rank(shapes, a, config, cpu_ranks=cpu_ranks)
     worst = max(mem, key=lambda m: m.total)
     bal = balance(shapes, a)
     # statistic rows per factor update over every rank, as the sampler keeps them
     rows = kept_rows(config.factor_sample_fraction, micro_batch * seq) * kept_passes(config.factor_pass_fraction,
                                                                                      passes) * world
     inv_every = config.inv_update_steps_at(0, rows=rows)
-    plan_traffic = traffic(shapes, a, config, inv_every=inv_every)
+    plan_traffic = traffic(shapes, a, config, inv_every=inv_every, cpu_ranks=cpu_ranks)
     return {
         "world": world, "grad_workers": g, "strategy": strategy_name(world, g),
         "layers": len(shapes.layers), "factors": len(shapes.factors), "micro_batch": micro_batch, "seq": seq,

@@ -55,14 +55,18 @@ def test_fp16_overflow_window_is_dropped_and_factors_stay_finite(device: torch.d
 
 
 @pytest.mark.parametrize(("mode", "factor_dtype", "inv_dtype"),
-                         [("bf16", "fp16", "bf16"), ("fp16", "bf16", "fp32"), ("bf16", "bf16", "fp16")])
-def test_factor_and_decomposition_dtypes(device: torch.device, mode: str, factor_dtype: str, inv_dtype: str) -> None:
-    engine = build(ds_config(mode, 1, kfac={"factor_dtype": factor_dtype, "inv_dtype": inv_dtype}), device)
+                         [("bf16", "fp16", "bf16"), ("fp16", "bf16", "fp32"), ("bf16", "bf16", "fp16"),
+                          ("fp32", "fp16", None)])  # None: the default, "auto", is BF16 on CUDA even in an fp32 run
+def test_factor_and_decomposition_dtypes(device: torch.device, mode: str, factor_dtype: str,
+                                         inv_dtype: str | None) -> None:
+    kfac = {"factor_dtype": factor_dtype} | ({"inv_dtype": inv_dtype} if inv_dtype else {})
+    engine = build(ds_config(mode, 1, kfac=kfac), device)
     train(engine, device, range(2))
     stored = [f._stored for f in engine.kfac.factors().values() if f._stored is not None]
     assert stored and all(t.dtype == DTYPES[factor_dtype] and t.device.type == device.type for t in stored)
     decs = [t for d in engine.kfac.decompositions.values() for t in d.tensors()]
-    assert decs and all(t.dtype == DTYPES[inv_dtype] and t.device.type == device.type for t in decs)
+    want = DTYPES[inv_dtype] if inv_dtype else torch.bfloat16 if device.type == "cuda" else torch.float32  # CPU dry run
+    assert decs and all(t.dtype == want and t.device.type == device.type for t in decs)
     assert all(torch.isfinite(t).all() for t in decs)
 
 

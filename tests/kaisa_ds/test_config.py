@@ -16,6 +16,19 @@ def test_strings_are_accepted_for_enums_and_dtypes() -> None:
     assert cfg.storage_dtype is torch.bfloat16 and cfg.inv_dtype is torch.float64
 
 
+
+@pytest.mark.parametrize("given", [None, "auto"])
+def test_inv_dtype_auto_is_bf16_on_cuda_and_fp32_elsewhere(given: str | None) -> None:
+    cfg = KFACConfig(inv_dtype=given) if given else KFACConfig()  # the default, and the word spelled out
+    assert cfg.inv_dtype_on(torch.device("cuda", 0)) is torch.bfloat16
+    assert cfg.inv_dtype_on(torch.device("cpu")) is torch.float32 and cfg.inv_dtype_on(None) is torch.float32
+
+
+def test_an_explicit_inv_dtype_holds_on_every_device() -> None:
+    cfg = KFACConfig.from_dict({"inv_dtype": "fp32"})
+    assert cfg.inv_dtype_on(torch.device("cuda")) is torch.float32 and cfg.inv_dtype_on(None) is torch.float32
+
+
 @pytest.mark.parametrize(
     ("kwargs", "names"),
     [

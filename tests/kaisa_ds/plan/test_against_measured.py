@@ -93,7 +93,7 @@ def test_plan_equals_measured_memory_and_traffic(world: int) -> None:
         workers = resolve_grad_workers(cfg.grad_worker_fraction, world, cpu_ranks=True)  # type: ignore[arg-type]
         a = assign(shapes, world=world, grad_workers=workers)
         assert a.inverse_worker == ranks[0]["inverse_worker"] and a.unit_group == ranks[0]["unit_group"], options
-        for r, (want, got) in enumerate(zip(memory_per_rank(shapes, a, cfg), ranks)):
+        for r, (want, got) in enumerate(zip(memory_per_rank(shapes, a, cfg, cpu_ranks=True), ranks)):
             assert (want.factors, want.window, want.decompositions, want.denominators) == (
                 got["factors"], got["window"], got["decompositions"], got["denominators"]), (options, r)
         plan = make_plan(shapes, cfg, world=world, micro_batch=BATCH, seq=SEQ, cpu_ranks=True)  # gloo ranks

@@ -53,6 +53,19 @@ def test_the_default_strategy_is_planned_for_the_ranks_asked_for(capsys: pytest.
     assert cpus["memory_bytes_per_rank"] < gpus["memory_bytes_per_rank"]
 
 
+
+def test_the_default_inv_dtype_is_planned_for_the_ranks_asked_for(capsys: pytest.CaptureFixture[str]) -> None:
+    """``inv_dtype`` left at ``auto`` is BF16 on GPUs and FP32 on CPU ranks: the plan names the dtype it planned and
+    its decompositions take half the bytes on GPUs."""
+    common = ["--model", "mini", "--world", "2", "--grad-worker-fraction", "comm-opt", "--json"]
+    main(common)
+    gpus = json.loads(capsys.readouterr().out)
+    main([*common, "--cpu-ranks"])
+    cpus = json.loads(capsys.readouterr().out)
+    assert (gpus["kfac"]["inv_dtype"], cpus["kfac"]["inv_dtype"]) == ("auto: torch.bfloat16", "auto: torch.float32")
+    decs = [p["memory_bytes"]["max_rank"]["decompositions"] for p in (gpus, cpus)]
+    assert decs[0] * 2 == decs[1] > 0
+
 def test_bad_input_names_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--world", "4", "--factor-dtype", "int8"])
