@@ -207,8 +207,9 @@ class KFACPreconditioner:
             self.comm_bytes[kind] = self.comm_bytes.get(kind, 0) + sent
         if outcome.dropped:
             self.drop_window()
-            logger.warning("K-FAC: non-finite statistics or gradients at step %d; window dropped on every rank "
-                           "and gradients left alone (%d skipped so far)", self.steps - 1, self.skipped_windows)
+            logger.warning("K-FAC: non-finite statistics or gradients (or an FP32 overflow of their norms) at step %d; "
+                           "window dropped on every rank and gradients left alone (%d skipped so far)",
+                           self.steps - 1, self.skipped_windows)
             return
         if outcome.decompositions is not None:  # the step rebuilt the grouped cache for them already
             self.decompositions, self.needs_decomposition = outcome.decompositions, False

@@ -130,10 +130,11 @@ def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
 
 
 def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """One host sync for the whole step's overflow decision."""
+    """The step's overflow decision from batched FP32 norms, with one host sync. NaN and inf carry through a sum of
+    squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it."""
     if not tensors:
         return True
-    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))).all())
 
 
 def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,

@@ -44,6 +44,25 @@ def test_overflow_drops_window_and_leaves_gradients(caplog: pytest.LogCaptureFix
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+
+def test_a_gradient_whose_fp32_norm_overflows_is_dropped_not_written_as_inf(caplog: pytest.LogCaptureFixture) -> None:
+    """A finite gradient too large for FP32's sums of squares would make the step's own norms (grafting, the clip)
+    infinite: the step treats it as an overflow instead of writing inf or NaN into the gradients."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    precond = KFACPreconditioner(model, factor_decay=0.5)
+    _step(model, precond, torch.randn(4, 6))
+    model.zero_grad()
+    model(torch.randn(4, 6)).pow(2).mean().backward()
+    with torch.no_grad():
+        model.fc1.weight.grad.mul_(1e25)  # finite, but its squared norm is past FP32's range
+    raw = {n: p.grad.clone() for n, p in model.named_parameters()}
+    with caplog.at_level(logging.WARNING):
+        precond.step()
+    assert precond.skipped_windows == 1 and "overflow" in caplog.text
+    for n, p in model.named_parameters():
+        assert torch.equal(p.grad, raw[n])  # left alone, finite
+
 def _stats_overflow_on_one_rank(rank: int, world: int) -> tuple[int, bool, bool]:
     torch.manual_seed(0)
     model = TinyMLP()
