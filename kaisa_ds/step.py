@@ -23,7 +23,7 @@ from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.distributed.collectives import sum_over_ranks
 from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import Grafting
-from kaisa_ds.layers.modules import GradAccessor, GradWatermark
+from kaisa_ds.layers.modules import GradAccessor, GradWatermark, write_grads
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
@@ -290,7 +290,7 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         damping = p.config.damping_at(step)
         p.diagnostics.record_step(kl_scale=sized.nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
-        for n, out in zip(names, sized.tensors()):
-            s.layers[n].helper.write_grad(p.grads, out)
+        write_grads(p.grads, [part for n, out in zip(names, sized.tensors())
+                              for part in s.layers[n].helper.grad_parts(out)])
     p.watermark.record(p.grads, params)
     return outcome

@@ -33,6 +33,10 @@ class EngineGradAccessor:
             return safe_get_full_grad(param)
         return None
 
+    def target(self, param: nn.Parameter) -> torch.Tensor | None:
+        hp = getattr(param, "_hp_grad", None)
+        return hp.view_as(param) if hp is not None else param.grad  # None under ZeRO-1/2: set() gathers
+
     def set(self, param: nn.Parameter, grad: torch.Tensor) -> None:
         hp = getattr(param, "_hp_grad", None)
         if hp is not None:

@@ -18,7 +18,9 @@ from kaisa_ds.factors import statistics as st
 
 
 class GradAccessor(Protocol):
-    """Where a parameter's full, rank-averaged (possibly loss-scaled) gradient is read and written."""
+    """Where a parameter's full, rank-averaged (possibly loss-scaled) gradient is read and written. An accessor may
+    also have ``target(param)``: the tensor, shaped as ``param``, that ``set`` would copy into (None: call ``set``),
+    which lets a step write every gradient in one batched copy."""
 
     def get(self, param: nn.Parameter) -> torch.Tensor | None: ...
 
@@ -29,6 +31,9 @@ class ParamGradAccessor:
     """The default accessor: ``param.grad``."""
 
     def get(self, param: nn.Parameter) -> torch.Tensor | None:
+        return param.grad
+
+    def target(self, param: nn.Parameter) -> torch.Tensor | None:
         return param.grad
 
     def set(self, param: nn.Parameter, grad: torch.Tensor) -> None:
@@ -107,13 +112,12 @@ class ModuleHelper:
             mat = torch.cat([mat, gb.reshape(-1, 1)], dim=1)
         return mat
 
-    def write_grad(self, accessor: GradAccessor, mat: torch.Tensor) -> None:
-        """Write a (out, in) matrix back as the weight (and bias) gradients in their own dtype."""
-        weight, bias = self.weight, self.bias
-        w_cols = mat.shape[1] - (1 if bias is not None else 0)
-        accessor.set(weight, mat[:, :w_cols].reshape(weight.shape).to(weight.dtype))
-        if bias is not None:
-            accessor.set(bias, mat[:, w_cols].reshape(bias.shape).to(bias.dtype))
+    def grad_parts(self, mat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """A (out, in) matrix as the weight's (and bias's) gradients: views of it, the weight's flattened to 2-D."""
+        bias = self.bias
+        if bias is None:
+            return [(self.weight, mat)]
+        return [(self.weight, mat[:, :-1]), (bias, mat[:, -1])]
 
 
 class LinearHelper(ModuleHelper):
@@ -159,8 +163,8 @@ class EmbeddingHelper(ModuleHelper):
         gw = accessor.get(self.weight)
         return None if gw is None else gw.float().t()
 
-    def write_grad(self, accessor: GradAccessor, mat: torch.Tensor) -> None:
-        accessor.set(self.weight, mat.t().to(self.weight.dtype))
+    def grad_parts(self, mat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        return [(self.weight, mat.t())]
 
 
 HELPERS: dict[type[nn.Module], Callable[[nn.Module], ModuleHelper]] = {
@@ -168,6 +172,25 @@ HELPERS: dict[type[nn.Module], Callable[[nn.Module], ModuleHelper]] = {
     nn.Conv2d: Conv2dHelper,
     nn.Embedding: EmbeddingHelper,
 }
+
+
+def write_grads(accessor: GradAccessor, parts: list[tuple[nn.Parameter, torch.Tensor]]) -> None:
+    """Write many parameters' gradients (in their own dtypes): one batched copy into every tensor the accessor
+    exposes, instead of a reshape, a cast and a copy per parameter; ``set`` for the rest, in order (under ZeRO-1/2
+    each is a collective)."""
+    target = getattr(accessor, "target", lambda param: None)  # optional: accessors with only get/set still work
+    dsts, srcs, rest = [], [], []
+    for param, src in parts:
+        dst = target(param)
+        if dst is not None and dst.is_contiguous():
+            dsts.append(dst.view(src.shape))
+            srcs.append(src)
+        else:
+            rest.append((param, src))
+    if dsts:
+        torch._foreach_copy_(dsts, srcs)
+    for param, src in rest:
+        accessor.set(param, src.reshape(param.shape).to(param.dtype))
 
 
 def helper_for(module: nn.Module) -> ModuleHelper | None:
