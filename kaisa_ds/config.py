@@ -35,8 +35,7 @@ from kaisa_ds.schedules import (
 
 GradWorkerFraction = float | DistributedStrategy | str
 # Relative damping in force when no damping option is given: γ = 100 × each layer's mean eigenvalue of A ⊗ G. The
-# convergence study's tuned absolute dampings, measured on BERT-tiny's tune part, are relative ~95 (large batch,
-# 1e-6) and ~6e4 (small batch, 1e-4) as medians over layers (benchmarks/results/damping_scale.json).
+# study's tuned dampings are relative ~95 (large batch) and ~6e4 (small) (benchmarks/results/damping_scale.json).
 DEFAULT_RELATIVE_DAMPING = 100.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
@@ -54,9 +53,8 @@ class Damping:
         return self.mode is DampingMode.RELATIVE
 
     def describe(self) -> str:
-        if self.relative:
-            return f"relative_damping={self.value:g} (× each layer's mean eigenvalue of A ⊗ G)"
-        return f"damping={self.value:g} (absolute)"
+        return (f"relative_damping={self.value:g} (× each layer's mean eigenvalue of A ⊗ G)" if self.relative
+                else f"damping={self.value:g} (absolute)")
 
 
 @dataclass
@@ -90,8 +88,7 @@ class KFACConfig:
             :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world,
             ``auto``: ``mem-opt`` on CPU ranks, ``comm-opt`` elsewhere). Every choice gives the same gradients.
         factor_dtype: storage dtype of the factors (``fp16``/``bf16`` keep a power-of-two scale); None: FP32.
-        inv_dtype: dtype decompositions are stored and applied in; ``"auto"`` (None): BF16 on CUDA devices, where FP32
-            preconditioning matmuls miss the tensor cores (benchmarks/README.md, BERT-base on a GPU), FP32 elsewhere.
+        inv_dtype: dtype decompositions are stored and applied in; ``"auto"`` (None): :meth:`inv_dtype_on` decides.
         decomposition_dtype: dtype decompositions are computed in, ``fp32`` or ``fp64`` (a failure is retried in FP64).
         skip_layers: regular expressions; a module whose name (search) or class name (full match) matches is not
             preconditioned.
@@ -155,9 +152,7 @@ class KFACConfig:
         if self.decomposition_dtype not in (torch.float32, torch.float64):
             raise ValueError(f"decomposition_dtype={self.decomposition_dtype} is not valid; allowed: fp32, fp64")
         self.grad_worker_fraction = parse_worker_fraction(self.grad_worker_fraction)
-        if isinstance(self.skip_layers, str):
-            self.skip_layers = (self.skip_layers,)
-        self.skip_layers = tuple(self.skip_layers)
+        self.skip_layers = (self.skip_layers,) if isinstance(self.skip_layers, str) else tuple(self.skip_layers)
         try:
             self._compiled_skip = [re.compile(p) for p in self.skip_layers]
         except re.error as exc:
@@ -201,7 +196,12 @@ class KFACConfig:
         return int(checked) if name.endswith("_steps") and checked is not None else checked
 
     def inv_dtype_on(self, device: torch.device | None) -> torch.dtype:
-        """The dtype decompositions are stored in on ``device`` (None: a CPU), ``inv_dtype`` resolved."""
+        """The dtype decompositions are stored in, ``inv_dtype`` with ``"auto"`` resolved: BF16 on CUDA, where FP32
+        preconditioning matmuls miss the tensor cores (benchmarks/README.md, BERT-base on a GPU), FP32 elsewhere.
+
+        Args:
+            device: where the preconditioned layers live (None: a CPU).
+        """
         if isinstance(self.inv_dtype, torch.dtype):
             return self.inv_dtype
         return torch.bfloat16 if device is not None and device.type == "cuda" else torch.float32
@@ -286,9 +286,8 @@ class KFACConfig:
                 val = schedule_from_spec(val, name=f"kfac.{key}")
             elif key == "factor_update_steps" or (key == "inv_update_steps" and not isinstance(val, str)):
                 val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)  # a word: "auto", or the field says why
-            elif key == "skip_layers" and not (
-                isinstance(val, str) or (isinstance(val, list) and all(isinstance(v, str) for v in val))
-            ):
+            elif key == "skip_layers" and not isinstance(val, str) and not (
+                    isinstance(val, list) and all(isinstance(v, str) for v in val)):
                 raise ValueError(f"kfac.skip_layers must be a list of regular expressions, got {val!r}")
             kwargs[key] = val
         kwargs.update(overrides)
