@@ -134,7 +134,8 @@ def all_finite(tensors: list[torch.Tensor]) -> bool:
     squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it."""
     if not tensors:
         return True
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32))).all())
+    wide = [t if t.element_size() >= 4 else t.float() for t in tensors]  # a half window's sum may pass FP16's max
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(wide))).all())
 
 
 def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,

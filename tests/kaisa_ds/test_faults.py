@@ -63,6 +63,20 @@ def test_a_gradient_whose_fp32_norm_overflows_is_dropped_not_written_as_inf(capl
     for n, p in model.named_parameters():
         assert torch.equal(p.grad, raw[n])  # left alone, finite
 
+
+def test_the_overflow_check_reads_half_precision_windows_in_fp32() -> None:
+    """A reduced FP16 window (a sum over ranks of entries scaled to at most 1) can have a norm past FP16's largest
+    value while every entry is finite: that is no overflow."""
+    from kaisa_ds.step import all_finite
+
+    finite_half = torch.full((4096,), 2000.0, dtype=torch.float16)  # norm 128,000 > 65,504
+    assert all_finite([finite_half, torch.ones(3)])
+    for bad in (float("nan"), float("inf")):
+        poisoned = finite_half.clone()
+        poisoned[7] = bad
+        assert not all_finite([torch.ones(3), poisoned])
+    assert not all_finite([torch.ones(3), torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)])
+
 def _stats_overflow_on_one_rank(rank: int, world: int) -> tuple[int, bool, bool]:
     torch.manual_seed(0)
     model = TinyMLP()
