@@ -33,7 +33,7 @@ from kaisa_ds.layers.hooks import HookCapture
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccessor
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.step import STAGES, StepOutcome, run_step
-from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info
+from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info, layers_device
 from kaisa_ds.timing import StageTimer
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class KFACPreconditioner:
     def ensure_structure(self) -> LayerStructure:
         """The structure, built on the first step from the layers whose hooks fired on any rank."""
         if self.structure is None:
-            device = next(iter(self.candidates.values())).helper.weight.device  # every rank keeps the same layers
+            device = layers_device(self.candidates)  # every rank keeps the same layers
             fired = on_any_rank({n: n in self.capture.fired for n in self.candidates}, device=device)
             with_grad = set() if fired else {  # only to word the error; the same decision on every rank
                 n for n, ly in self.candidates.items() if self.grads.get(ly.helper.weight) is not None}

@@ -114,8 +114,7 @@ def measure_rows(p: StepOwner, s: LayerStructure) -> int | None:
     rows, not its pooler's), for the ``"auto"`` decomposition interval; None when no rank captured any. One
     all-reduce: called on every rank at the same factor-update step (the first, while the rows are unknown)."""
     local = max((f.window_rows for f in s.factors().values()), default=0)
-    device = next(iter(s.layers.values())).helper.weight.device
-    return sum_over_ranks(local, device=device) or None
+    return sum_over_ranks(local, device=s.device) or None
 
 
 def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
@@ -129,13 +128,14 @@ def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
     return grads
 
 
-def all_finite(tensors: list[torch.Tensor]) -> bool:
-    """The step's overflow decision from batched FP32 norms, with one host sync. NaN and inf carry through a sum of
-    squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it."""
+def fp32_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's FP32 norm, batched, no host sync: the step's overflow check (NaN and inf carry through a sum
+    of squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it),
+    and grafting's sizes of the gradients."""
     if not tensors:
-        return True
+        return torch.zeros(0)
     wide = [t if t.element_size() >= 4 else t.float() for t in tensors]  # a half window's sum may pass FP16's max
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(wide))).all())
+    return torch.stack(torch._foreach_norm(wide)).float()
 
 
 def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,
@@ -143,7 +143,7 @@ def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomp
     """Factor ``name``'s decomposition with a validity flag (:mod:`kaisa_ds.decomposition.flagged`); ``empty``:
     the zeros a receiver hands to the broadcast."""
     f = s.factors()[name]
-    device = next(iter(s.layers.values())).helper.weight.device
+    device = s.device
     shape = {"diagonal": f.diagonal, "method": p.config.method, "dtype": p.config.inv_dtype_on(device),
              "device": device}
     if empty:
@@ -159,7 +159,7 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> tuple[Decompositio
             if s.decomposes(name, p.rank) and f.has_value}
     fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method,
                           damping=cfg.damping_at(p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
-                          out_dtype=cfg.inv_dtype_on(next(iter(s.layers.values())).helper.weight.device))
+                          out_dtype=cfg.inv_dtype_on(s.device))
     decs = {**p.decompositions, **{n: d for n, d in fresh.items() if d is not None}}
     sent = check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
     local = {name: flagged(p, s, decs, name) for name in s.factors() if s.decomposes(name, p.rank)}
@@ -182,7 +182,7 @@ def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed:
     code = count * p.world + (p.world - 1 - p.rank)  # the longest run of failures, lowest rank on ties
     sent = 0
     if p.world > 1:  # once per decomposition step: every rank must take the same decision
-        device = next(iter(s.layers.values())).helper.weight.device
+        device = s.device
         flag = torch.tensor([code], dtype=torch.int64, device=device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
         sent = 8
@@ -262,7 +262,8 @@ def run_step(p: StepOwner) -> StepOutcome | None:
                 rows = outcome.statistic_rows = measure_rows(p, s)
             window, outcome.comm_bytes["factor_allreduce"] = reduce_window(p, s)
     checked = [t for pair in window.values() for t in pair if t is not None]
-    if not all_finite(checked + list(grads.values())):
+    norms = fp32_norms(checked + list(grads.values()))
+    if not bool(torch.isfinite(norms).all()):  # the step's one host sync before the write
         outcome.dropped = True
         return outcome
     decay = p.config.value("factor_decay", step)
@@ -285,9 +286,10 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
+        at = {n: i for i, n in enumerate(grads, start=len(checked))}
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         sized = size_step([pre[n] for n in names], [grads[n] for n in names], grafting=Grafting(p.config.grafting),
-                          lr=lr, kl_clip=kl, loss_scale=p.loss_scale())
+                          lr=lr, kl_clip=kl, loss_scale=p.loss_scale(), grad_norms=norms[[at[n] for n in names]])
         damping = p.config.damping_at(step)
         p.diagnostics.record_step(kl_scale=sized.nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from kaisa_ds.distributed.assignment import Assignment, WorkUnit, assign_work
 from kaisa_ds.distributed.kaisa import KAISACommunicator
 from kaisa_ds.factors.factor import KroneckerFactor
@@ -24,6 +26,11 @@ def factors_of(layers: dict[str, KFACLayer]) -> dict[str, KroneckerFactor]:
         out.setdefault(layer.a.name, layer.a)
         out.setdefault(layer.g.name, layer.g)
     return out
+
+
+def layers_device(layers: dict[str, KFACLayer]) -> torch.device:
+    """Where the layers' weights live (every preconditioned layer is on one device); the factors follow it."""
+    return next(iter(layers.values())).helper.weight.device
 
 
 def layer_info(layers: dict[str, KFACLayer]) -> dict[str, dict[str, Any]]:
@@ -44,6 +51,11 @@ class LayerStructure:
     factor_unit: dict[str, str] = field(default_factory=dict)
     factor_map: dict[str, KroneckerFactor] = field(default_factory=dict)  # the layers' factors, fixed once built
     factor_labels: dict[str, str] = field(default_factory=dict)  # factor -> its first layer's group + .A/.G
+
+    @property
+    def device(self) -> torch.device:
+        """Where the layers, their factors and decompositions live."""
+        return layers_device(self.layers)
 
     def factors(self) -> dict[str, KroneckerFactor]:
         """Every distinct factor (the layers never change after the build, so this is computed once)."""

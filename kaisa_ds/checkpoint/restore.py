@@ -82,7 +82,7 @@ def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
     structure = build_structure(fresh, fired=set(saved), same_input=same_input, world=p.world, rank=p.rank,
                                 grad_workers=p.grad_workers)
     facs = structure.factors()
-    device = next(iter(structure.layers.values())).helper.weight.device
+    device = structure.device
     for name, saved_factor in state["factors"].items():
         if name in facs:
             facs[name].restore(saved_factor, device)
@@ -106,7 +106,7 @@ def usable_decompositions(p: StateOwner, found: dict[str, list[torch.Tensor]], *
         return {}, False
     facs = s.factors()
     method = p.config.method
-    device = next(iter(s.layers.values())).helper.weight.device
+    device = s.device
     kept: dict[str, Decomposition] = {}
     for name, tensors in found.items():
         if name in facs and s.holds(name, p.rank) and _usable(name, tensors, dim=facs[name].dim,

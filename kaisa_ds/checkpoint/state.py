@@ -66,7 +66,7 @@ def _gather_decompositions(p: StateOwner) -> dict[str, list[torch.Tensor]]:
     if s is None:
         return {}
     facs = s.factors()
-    device = next(iter(s.layers.values())).helper.weight.device
+    device = s.device
     shape = {"method": p.config.method, "dtype": p.config.inv_dtype_on(device), "device": device}
     out: dict[str, list[torch.Tensor]] = {}
     for src in range(p.world):

@@ -32,13 +32,19 @@ def kl_clip_scale(
     return torch.clamp(torch.sqrt(kl_clip / vg), max=1.0)
 
 
-def graft_ratios(directions: list[torch.Tensor], sizes: list[torch.Tensor]) -> torch.Tensor:
+def graft_ratios(directions: list[torch.Tensor], sizes: list[torch.Tensor], *,
+                 direction_norms: torch.Tensor | None = None, size_norms: torch.Tensor | None = None) -> torch.Tensor:
     """Per tensor (1-d, float32), the factor that brings ``directions[i]`` to the norm of ``sizes[i]``; 1 where its
     own norm is 0 (nothing to scale, and no NaN). Grafting (Agarwal et al. 2020): K-FAC's direction at the
-    gradient's size, or, as an ablation, the gradient's direction at K-FAC's size. Batched norms, no host sync."""
-    own = torch.stack([n.float() for n in torch._foreach_norm(directions)])
-    wanted = torch.stack([n.float().to(own.device) for n in torch._foreach_norm(sizes)])
+    gradient's size, or, as an ablation, the gradient's direction at K-FAC's size. Batched norms, no host sync;
+    norms already taken (the overflow check's, of the gradients) are passed in rather than taken again."""
+    own = _norms(directions) if direction_norms is None else direction_norms.float()
+    wanted = (_norms(sizes) if size_norms is None else size_norms.float()).to(own.device)
     return torch.where(own > 0, wanted / own, torch.ones_like(own))
+
+
+def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([n.float() for n in torch._foreach_norm(tensors)])
 
 
 def rescale(tensors: list[torch.Tensor], factors: torch.Tensor) -> list[torch.Tensor]:
@@ -65,20 +71,20 @@ class SizedStep:
 
 def size_step(
     preconditioned: list[torch.Tensor], grads: list[torch.Tensor], *, grafting: Grafting, lr: float,
-    kl_clip: float | None, loss_scale: float = 1.0,
+    kl_clip: float | None, loss_scale: float = 1.0, grad_norms: torch.Tensor | None = None,
 ) -> SizedStep:
     """The step's per-layer sizes under ``grafting`` and ``kl_clip``, times ``loss_scale`` (the optimizer divides the
     gradients it is handed by it). ``gradient``: K-FAC's direction at the raw gradient's norm, then the clip;
     ``kfac-size`` (an ablation): the raw gradient's direction at K-FAC's clipped size; ``none``: K-FAC's step and
-    the clip (KAISA)."""
+    the clip (KAISA). ``grad_norms``: the FP32 norms of ``grads`` when the caller has them already."""
     if not preconditioned:
         return SizedStep(bases=[], factors=None, nu=None)
-    factors = graft_ratios(preconditioned, grads) if grafting is Grafting.GRADIENT else None
+    factors = graft_ratios(preconditioned, grads, size_norms=grad_norms) if grafting is Grafting.GRADIENT else None
     nu = (kl_clip_scale(preconditioned, grads, lr=lr, kl_clip=kl_clip, weights=factors)
           if kl_clip is not None else None)
     bases = preconditioned
     if grafting is Grafting.KFAC_SIZE:  # the size is K-FAC's, clip included (ν below)
-        bases, factors = grads, graft_ratios(grads, preconditioned)
+        bases, factors = grads, graft_ratios(grads, preconditioned, direction_norms=grad_norms)
     if nu is not None:
         factors = nu.float() * factors if factors is not None else nu.float().expand(len(bases))
     if loss_scale != 1.0:

@@ -67,10 +67,14 @@ def test_a_gradient_whose_fp32_norm_overflows_is_dropped_not_written_as_inf(capl
 def test_the_overflow_check_reads_half_precision_windows_in_fp32() -> None:
     """A reduced FP16 window (a sum over ranks of entries scaled to at most 1) can have a norm past FP16's largest
     value while every entry is finite: that is no overflow."""
-    from kaisa_ds.step import all_finite
+    from kaisa_ds.step import fp32_norms
+
+    def all_finite(tensors: list[torch.Tensor]) -> bool:
+        return bool(torch.isfinite(fp32_norms(tensors)).all())
 
     finite_half = torch.full((4096,), 2000.0, dtype=torch.float16)  # norm 128,000 > 65,504
     assert all_finite([finite_half, torch.ones(3)])
+    assert fp32_norms([finite_half]).item() == pytest.approx(128_000.0)
     for bad in (float("nan"), float("inf")):
         poisoned = finite_half.clone()
         poisoned[7] = bad

@@ -124,3 +124,24 @@ def test_ranks_agree_on_the_rows_of_all_of_them() -> None:
     (rows0, steps0), (rows1, steps1) = run_distributed(_ranks_with_different_batches, 2)
     assert rows0 == rows1 == 6144
     assert steps0 == steps1 == [0, 15]
+
+
+def test_a_grafted_step_takes_each_gradients_norm_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overflow check's FP32 norms of the gradients are the sizes grafting needs: the step hands them on
+    instead of norming every gradient a second time (a plain step norms the gradients and K-FAC's directions)."""
+    model = _model()
+    precond = KFACPreconditioner(model, factor_update_steps=10, inv_update_steps=10, grafting="gradient")
+    batches = _batches(8, 2)
+    train_steps(model, precond, torch.optim.SGD(model.parameters(), lr=0.01), batches[:1])  # a factor step
+    normed: list[int] = []
+    norm = torch._foreach_norm
+
+    def counting(tensors: list[torch.Tensor], *args: object, **kwargs: object) -> tuple[torch.Tensor, ...]:
+        normed.append(len(tensors))
+        return norm(tensors, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch, "_foreach_norm", counting)
+    train_steps(model, precond, torch.optim.SGD(model.parameters(), lr=0.0), batches[1:])  # no window, no refresh
+    layers = 2
+    assert sum(normed) == 2 * layers, normed  # the check's norms of the gradients, then the directions' own
+    assert precond.steps == 2 and precond.skipped_windows == 0  # the step did run, and grafted

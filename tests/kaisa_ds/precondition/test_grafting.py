@@ -118,3 +118,23 @@ def test_a_step_without_rules_hands_on_the_preconditioned_gradients_untouched() 
     sized = size_step(pre, raw, grafting=Grafting.NONE, lr=0.1, kl_clip=None)
     assert sized.nu is None and sized.tensors()[0] is pre[0]  # no multiply at all
     assert size_step([], [], grafting=Grafting.GRADIENT, lr=0.1, kl_clip=1e-3).tensors() == []
+
+
+@pytest.mark.parametrize("grafting", [Grafting.GRADIENT, Grafting.KFAC_SIZE])
+def test_gradient_norms_handed_in_are_the_sizes_used(grafting: Grafting) -> None:
+    """The step passes the overflow check's FP32 norms of the gradients: the sized step is the one the step would
+    have computed, and it follows the norms handed in (they are used, not recomputed)."""
+    g = torch.Generator().manual_seed(3)
+    pre = [torch.randn(4, 3, generator=g) * 7, torch.randn(6, generator=g)]
+    grads = [torch.randn(4, 3, generator=g), torch.randn(6, generator=g)]
+    norms = torch.stack([t.norm() for t in grads])
+    common = {"grafting": grafting, "lr": 0.1, "kl_clip": None}
+    own = size_step(pre, grads, **common).tensors()  # type: ignore[arg-type]
+    given = size_step(pre, grads, grad_norms=norms, **common).tensors()  # type: ignore[arg-type]
+    doubled = size_step(pre, grads, grad_norms=norms * torch.tensor([2.0, 1.0]), **common).tensors()  # type: ignore[arg-type]
+    for a, b in zip(own, given):
+        assert torch.allclose(a, b, rtol=1e-6)
+    if grafting is Grafting.GRADIENT:  # the first layer is grafted onto twice its gradient's size
+        assert torch.allclose(doubled[0], 2 * own[0], rtol=1e-6) and torch.allclose(doubled[1], own[1])
+    else:  # the gradient's own norm is the direction's: twice it halves the step
+        assert torch.allclose(doubled[0], own[0] / 2, rtol=1e-6) and torch.allclose(doubled[1], own[1])
