@@ -286,10 +286,11 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
         names = [n for n in s.layers if n in pre]
-        at = {n: i for i, n in enumerate(grads, start=len(checked))}
+        grad_norms = norms[len(checked):]  # in grads' order: a slice, as an index list would cost a copy to the device
+        grad_norms = grad_norms if len(names) == len(grads) else grad_norms[[list(grads).index(n) for n in names]]
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         sized = size_step([pre[n] for n in names], [grads[n] for n in names], grafting=Grafting(p.config.grafting),
-                          lr=lr, kl_clip=kl, loss_scale=p.loss_scale(), grad_norms=norms[[at[n] for n in names]])
+                          lr=lr, kl_clip=kl, loss_scale=p.loss_scale(), grad_norms=grad_norms)
         damping = p.config.damping_at(step)
         p.diagnostics.record_step(kl_scale=sized.nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
