@@ -41,8 +41,10 @@ def _local_logits(
     batch_size: int, device: torch.device, show_progress: bool,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     model.eval()
+    # a generator of its own: a DataLoader draws its base seed from the global one, which would shift every later
+    # random draw of training (an evaluation before fine-tuning changed the fine-tuned F1)
     loader = DataLoader(features.select_columns(list(MODEL_INPUTS)), batch_size=batch_size,  # type: ignore[arg-type]
-                        collate_fn=collate)
+                        collate_fn=collate, generator=torch.Generator())
     out: list[tuple[np.ndarray, np.ndarray]] = []
     for batch in tqdm(loader, desc="Evaluating", unit="batch", disable=not show_progress):
         batch = {k: v.to(device) for k, v in batch.items()}
