@@ -25,7 +25,7 @@ from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import Grafting
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, write_grads
 from kaisa_ds.precondition import effectiveness
-from kaisa_ds.precondition.apply import size_step
+from kaisa_ds.precondition.apply import fp32_norms, size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer
@@ -126,16 +126,6 @@ def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
         if mat is not None:
             grads[name] = mat / scale if scale != 1.0 else mat
     return grads
-
-
-def fp32_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Every tensor's FP32 norm, batched, no host sync: the step's overflow check (NaN and inf carry through a sum
-    of squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it),
-    and grafting's sizes of the gradients."""
-    if not tensors:
-        return torch.zeros(0)
-    wide = [t if t.element_size() >= 4 else t.float() for t in tensors]  # a half window's sum may pass FP16's max
-    return torch.stack(torch._foreach_norm(wide)).float()
 
 
 def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,
@@ -285,9 +275,8 @@ def run_step(p: StepOwner) -> StepOutcome | None:
     with timer.stage("gradient_broadcast"):
         pre = broadcast_gradients(p, s, grads, pre)
     with timer.stage("kl_clip"):
-        names = [n for n in s.layers if n in pre]
-        grad_norms = norms[len(checked):]  # in grads' order: a slice, as an index list would cost a copy to the device
-        grad_norms = grad_norms if len(names) == len(grads) else grad_norms[[list(grads).index(n) for n in names]]
+        names = list(grads)  # after the broadcast every layer with a gradient has a preconditioned one
+        grad_norms = norms[len(checked):]  # the check's norms of ``grads``, in order (a slice: no copy to the device)
         kl, lr = p.config.value("kl_clip", step), p.config.value("lr", step)
         sized = size_step([pre[n] for n in names], [grads[n] for n in names], grafting=Grafting(p.config.grafting),
                           lr=lr, kl_clip=kl, loss_scale=p.loss_scale(), grad_norms=grad_norms)

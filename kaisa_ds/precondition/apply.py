@@ -32,19 +32,25 @@ def kl_clip_scale(
     return torch.clamp(torch.sqrt(kl_clip / vg), max=1.0)
 
 
+def fp32_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor's FP32 norm, batched, no host sync: the step's overflow check (NaN and inf carry through a sum
+    of squares; a finite tensor whose FP32 norm overflows counts too, as the step's own norms would overflow on it),
+    and grafting's sizes. Half-precision tensors are read in FP32: a finite FP16 tensor's norm may pass FP16's max."""
+    if not tensors:
+        return torch.zeros(0)
+    wide = [t if t.element_size() >= 4 else t.float() for t in tensors]
+    return torch.stack(torch._foreach_norm(wide)).float()
+
+
 def graft_ratios(directions: list[torch.Tensor], sizes: list[torch.Tensor], *,
                  direction_norms: torch.Tensor | None = None, size_norms: torch.Tensor | None = None) -> torch.Tensor:
     """Per tensor (1-d, float32), the factor that brings ``directions[i]`` to the norm of ``sizes[i]``; 1 where its
     own norm is 0 (nothing to scale, and no NaN). Grafting (Agarwal et al. 2020): K-FAC's direction at the
     gradient's size, or, as an ablation, the gradient's direction at K-FAC's size. Batched norms, no host sync;
     norms already taken (the overflow check's, of the gradients) are passed in rather than taken again."""
-    own = _norms(directions) if direction_norms is None else direction_norms.float()
-    wanted = (_norms(sizes) if size_norms is None else size_norms.float()).to(own.device)
+    own = fp32_norms(directions) if direction_norms is None else direction_norms.float()
+    wanted = (fp32_norms(sizes) if size_norms is None else size_norms.float()).to(own.device)
     return torch.where(own > 0, wanted / own, torch.ones_like(own))
-
-
-def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([n.float() for n in torch._foreach_norm(tensors)])
 
 
 def rescale(tensors: list[torch.Tensor], factors: torch.Tensor) -> list[torch.Tensor]:

@@ -67,7 +67,7 @@ def test_a_gradient_whose_fp32_norm_overflows_is_dropped_not_written_as_inf(capl
 def test_the_overflow_check_reads_half_precision_windows_in_fp32() -> None:
     """A reduced FP16 window (a sum over ranks of entries scaled to at most 1) can have a norm past FP16's largest
     value while every entry is finite: that is no overflow."""
-    from kaisa_ds.step import fp32_norms
+    from kaisa_ds.precondition.apply import fp32_norms
 
     def all_finite(tensors: list[torch.Tensor]) -> bool:
         return bool(torch.isfinite(fp32_norms(tensors)).all())

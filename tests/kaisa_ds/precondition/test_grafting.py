@@ -138,3 +138,13 @@ def test_gradient_norms_handed_in_are_the_sizes_used(grafting: Grafting) -> None
         assert torch.allclose(doubled[0], 2 * own[0], rtol=1e-6) and torch.allclose(doubled[1], own[1])
     else:  # the gradient's own norm is the direction's: twice it halves the step
         assert torch.allclose(doubled[0], own[0] / 2, rtol=1e-6) and torch.allclose(doubled[1], own[1])
+
+
+def test_a_half_precision_direction_past_fp16s_range_is_still_grafted() -> None:
+    """Grafting's norms are taken in FP32: an FP16 direction whose norm passes FP16's largest value (65,504) while
+    every entry is finite is brought to the gradient's norm, not multiplied by 0 (an FP16 norm of inf)."""
+    pre = [torch.full((4096,), 2000.0, dtype=torch.float16)]  # norm 128,000
+    grads = [torch.full((4096,), 0.5)]  # norm 32
+    out = size_step(pre, grads, grafting=Grafting.GRADIENT, lr=0.1, kl_clip=None).tensors()
+    assert out[0].dtype == torch.float16
+    assert out[0].float().norm().item() == pytest.approx(32.0, rel=1e-2)
