@@ -34,9 +34,10 @@ from kaisa_ds.schedules import (
 )
 
 GradWorkerFraction = float | DistributedStrategy | str
-# Relative damping in force when no damping option is given: γ = 100 × each layer's mean eigenvalue of A ⊗ G. The
-# study's tuned dampings are relative ~95 (large batch) and ~6e4 (small) (benchmarks/results/damping_scale.json).
+# Relative damping when none is given, × each layer's mean eigenvalue of A ⊗ G: 100 for KAISA's ungrafted step (the
+# tuned dampings: ~95 at large batch, ~6e4 small, results/damping_scale.json); 10 under grafting (defaults_rule_7.md).
 DEFAULT_RELATIVE_DAMPING = 100.0
+GRAFTED_RELATIVE_DAMPING = 10.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 
@@ -66,7 +67,7 @@ class KFACConfig:
     ``factor_decay``, ``kl_clip``, ``lr``) take a number or a callable ``step -> value``
     (:class:`~kaisa_ds.schedules.StepSchedule` is KAISA's step decay); callables are range-checked each time they are
     evaluated (:meth:`value`). Damping: give ``damping`` (absolute) or ``relative_damping``, not both; neither:
-    relative, :data:`DEFAULT_RELATIVE_DAMPING`; ``damping_mode="absolute"`` alone: :data:`DEFAULT_ABSOLUTE_DAMPING`.
+    relative, 10 if grafted and 100 if not (the ``*_RELATIVE_DAMPING`` constants); ``damping_mode="absolute"``: 1e-3.
 
     Args:
         factor_update_steps: steps between factor updates (statistics captured and folded into the running average).
@@ -239,8 +240,8 @@ class KFACConfig:
         if self.mode is DampingMode.ABSOLUTE:
             value = DEFAULT_ABSOLUTE_DAMPING if self.damping is None else self.value("damping", step)
         else:
-            value = (DEFAULT_RELATIVE_DAMPING if self.relative_damping is None
-                     else self.value("relative_damping", step))
+            default = GRAFTED_RELATIVE_DAMPING if self.grafting is Grafting.GRADIENT else DEFAULT_RELATIVE_DAMPING
+            value = default if self.relative_damping is None else self.value("relative_damping", step)
         return Damping(self.mode, float(value))
 
     @property

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def kfac_keys(settings: dict[str, Any]) -> dict[str, Any]:
             "inv_update_steps": settings["inv_every"]}
 
 
+PRE_RULE_7_RELATIVE_DAMPING = 100.0  # what an unresolved (None) relative damping meant in records before rule 7
 TUNE_SEED = 0  # tuning runs; the final runs use other seeds, so the choice is not fitted to their noise
 
 
@@ -114,16 +116,20 @@ def run_inputs(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path) -> d
     inputs = {"spec": spec.key(), "regime": regime.run_key(), "parts_sha256": parts.source_sha256,
               "split": parts.recipe, "vocab_sha256": sha256_of(vocab), "ds_config": spec.ds_config(regime)}
     if spec.optimizer == LIBRARY_DEFAULTS:  # its section names few options: the library's defaults shape the run
-        inputs["library_defaults"] = library_defaults(set_keys=set(spec.kfac or {}))
+        inputs["library_defaults"] = library_defaults(section=spec.kfac or {})
     return inputs
 
 
-def library_defaults(*, set_keys: set[str]) -> dict[str, Any]:
-    """Every :class:`~kaisa_ds.config.KFACConfig` option a section leaves at its default (those not in
-    ``set_keys``), as JSON values (enums and dtypes as text)."""
-    config = KFACConfig()
+def library_defaults(*, section: Mapping[str, Any]) -> dict[str, Any]:
+    """Every :class:`~kaisa_ds.config.KFACConfig` option a section leaves at its default (those it does not name),
+    as JSON values (enums and dtypes as text), resolved with the section's own keys: a default may follow another
+    option (the relative damping follows ``grafting``, defaults_rule_7.md)."""
+    names = {f.name for f in dataclasses.fields(KFACConfig) if f.init}
+    config = KFACConfig.from_dict({k: v for k, v in section.items() if k in names})
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-              if not f.name.startswith("_") and f.name not in set_keys}
+              if not f.name.startswith("_") and f.name not in section}
+    if "relative_damping" in values and config.damping_at(0).relative:
+        values["relative_damping"] = config.damping_at(0).value  # None in the config: the value it resolves to
     return dict(json.loads(json.dumps(values, default=str)))
 
 
@@ -134,7 +140,7 @@ def recorded_inputs(record: dict[str, Any]) -> dict[str, Any] | None:
     and its spec, with today's shipped phase-1 configs (unchanged, apart from keys every spec overrides, since
     before the first shipped record)."""
     if "inputs" in record:
-        return ungrafted_before_rule_6(dict(record["inputs"]))
+        return damping_before_rule_7(ungrafted_before_rule_6(dict(record["inputs"])))
     command, spec_fields, regime_fields = record.get("command", []), record.get("spec"), record.get("regime")
     if "--vocab" not in command or not isinstance(spec_fields, dict) or not isinstance(regime_fields, dict):
         return None
@@ -157,6 +163,18 @@ def ungrafted_before_rule_6(inputs: dict[str, Any]) -> dict[str, Any]:
         return inputs
     config = {**inputs["ds_config"], "kfac": {**section, "grafting": "none"}}
     return {**inputs, "ds_config": config}
+
+
+def damping_before_rule_7(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Stored inputs whose ``library_defaults`` left the relative damping unresolved (None): until
+    defaults_rule_7.md the library resolved it to 100 whatever the grafting, so such a record ran at 100."""
+    defaults, section = inputs.get("library_defaults"), inputs.get("ds_config", {}).get("kfac") or {}
+    if not isinstance(defaults, dict) or "relative_damping" not in defaults or defaults["relative_damping"] is not None:
+        return inputs
+    mode = section.get("damping_mode", defaults.get("damping_mode"))
+    if section.get("damping") is not None or defaults.get("damping") is not None or mode == "absolute":
+        return inputs  # absolute damping: no relative damping was in force
+    return {**inputs, "library_defaults": {**defaults, "relative_damping": PRE_RULE_7_RELATIVE_DAMPING}}
 
 
 def run_key(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, also_on_train: bool) -> dict[str, Any]:

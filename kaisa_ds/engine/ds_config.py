@@ -71,8 +71,8 @@ def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
 
     Every error names ``kfac.<key>`` and the allowed values, and fires at start-up (also when disabled,
     so typos surface before a long run is launched with K-FAC switched on). ``kfac.damping`` is absolute (what
-    every shipped config means by it); without it ``kfac.relative_damping`` (default
-    :data:`~kaisa_ds.config.DEFAULT_RELATIVE_DAMPING`) scales with each layer's curvature; ``kfac.damping_mode``
+    every shipped config means by it); without it ``kfac.relative_damping`` (default 10 under the default grafting,
+    100 with ``"grafting": "none"``: :mod:`kaisa_ds.config`) scales with each layer's curvature; ``kfac.damping_mode``
     ("relative" / "absolute") names the mode explicitly; both values given is an error.
     """
     section = config.get("kfac")

@@ -653,6 +653,28 @@ def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypa
     assert after[1:] == before[1:]  # a section that sets the changed key trained the same either way
 
 
+def test_a_defaults_record_carries_the_damping_its_grafting_resolves_to() -> None:
+    """The default relative damping follows ``grafting`` (defaults_rule_7.md), so a defaults run's key holds the value
+    in force, resolved with the section's own keys: otherwise a run at one grafting reuses a record made at the other's
+    damping. Records made before rule 7 stored None, which meant 100 whatever the grafting; absolute damping has none
+    (None)."""
+    from benchmarks.convergence.runner import damping_before_rule_7, library_defaults
+    from kaisa_ds.config import KFACConfig
+
+    plain, kaisa = library_defaults(section={}), library_defaults(section={"grafting": "none"})
+    assert plain["relative_damping"] == KFACConfig().damping_at(0).value
+    assert kaisa["relative_damping"] == KFACConfig(grafting="none").damping_at(0).value != plain["relative_damping"]
+    assert "relative_damping" not in library_defaults(section={"relative_damping": 10})
+    assert library_defaults(section={"damping": 1e-6})["relative_damping"] is None
+    old = {"ds_config": {"kfac": {"enabled": True, "grafting": "gradient", "kl_clip": None}},
+           "library_defaults": {"damping": None, "relative_damping": None, "damping_mode": None}}
+    assert damping_before_rule_7(old)["library_defaults"]["relative_damping"] == 100.0
+    assert damping_before_rule_7(old)["library_defaults"]["relative_damping"] != plain["relative_damping"]
+    absolute = {"ds_config": {"kfac": {"enabled": True, "damping": 1e-6}},
+                "library_defaults": {"relative_damping": None, "damping_mode": None}}
+    assert damping_before_rule_7(absolute) == absolute
+
+
 def test_candidate_defaults_run_on_the_tune_part_at_the_seeds_asked_for_beside_lamb_at_the_same(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A candidate was compared on the tuning seed only, and one seed chose a default that the report part then

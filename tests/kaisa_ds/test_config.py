@@ -124,6 +124,19 @@ def test_damping_is_relative_unless_an_absolute_value_is_given() -> None:
     assert precond.config.damping_at(0).mode is DampingMode.ABSOLUTE
 
 
+def test_the_default_relative_damping_follows_the_grafting() -> None:
+    """Under grafting the damping shapes only the direction, and the tune parts chose less of it than KAISA's ungrafted
+    step, whose damping also sets the step's size (defaults_rule_7.md); the ungrafted step keeps the damping its
+    configs and records were measured with. A damping given wins, and keywords on top of a config still merge."""
+    grafted, kaisa = KFACConfig().damping_at(0), KFACConfig(grafting="none").damping_at(0)
+    assert grafted.relative and kaisa.relative
+    assert grafted.value < kaisa.value
+    assert KFACConfig(grafting="none", relative_damping=3.0).damping_at(0).value == 3.0
+    assert KFACConfig(relative_damping=3.0).damping_at(0).value == 3.0
+    merged = KFACPreconditioner(TinyMLP(), config=KFACConfig(), grafting="none").config
+    assert merged.damping_at(0) == kaisa
+
+
 @pytest.mark.parametrize(
     ("kwargs", "argument", "key"),
     [
