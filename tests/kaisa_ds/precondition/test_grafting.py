@@ -12,6 +12,8 @@ from kaisa_ds import Grafting, KFACConfig
 from kaisa_ds.precondition.apply import size_step
 from tests.kaisa_ds.precondition.test_scale_invariance import cosines, preconditioned
 
+GRAFTED_DAMPING = KFACConfig().damping_at(0).value  # the default step's: an ungrafted twin shares its direction
+
 
 def _layer_norms(grads: dict[str, torch.Tensor]) -> dict[str, float]:
     """Norm per module (weight and bias together, as K-FAC preconditions them)."""
@@ -40,7 +42,8 @@ def test_graft_keeps_each_direction_at_the_gradients_norm() -> None:
 
 @pytest.mark.parametrize("method", ["eigen", "inverse"])
 def test_grafted_step_has_raw_norms_and_kfac_directions(method: str) -> None:
-    raw, plain = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="none")
+    raw, plain = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="none",
+                                relative_damping=GRAFTED_DAMPING)
     _, grafted = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="gradient")
     raw_norms, plain_norms, grafted_norms = _layer_norms(raw), _layer_norms(plain), _layer_norms(grafted)
     # without grafting the sizes are K-FAC's own, far from the gradient's (so the test can fail)
@@ -83,9 +86,10 @@ def test_the_default_step_keeps_each_layers_raw_size_and_an_ungrafted_one_keeps_
     raw, default = preconditioned(1.0, lr=10.0)  # an lr at which a KL clip of 0.001 binds
     _, unclipped = preconditioned(1.0, lr=10.0, grafting="none", kl_clip=None)
     _, kaisa = preconditioned(1.0, lr=10.0, grafting="none")
+    _, direction = preconditioned(1.0, lr=10.0, grafting="none", kl_clip=None, relative_damping=GRAFTED_DAMPING)
     for layer, norm in _layer_norms(raw).items():
         assert _layer_norms(default)[layer] == pytest.approx(norm, rel=1e-6), layer
-    assert min(cosines(unclipped, default).values()) > 1 - 1e-9  # K-FAC's direction
+    assert min(cosines(direction, default).values()) > 1 - 1e-9  # K-FAC's direction at the default's damping
     ratios = {k: _layer_norms(kaisa)[k] / v for k, v in _layer_norms(unclipped).items()}
     assert max(ratios.values()) < 0.5  # the clip (0.001) binds on the ungrafted step
     assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-6)  # one ν for every layer
