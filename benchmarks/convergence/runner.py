@@ -22,7 +22,7 @@ from typing import Any
 from benchmarks.convergence.parts import Parts, split_recipe
 from benchmarks.convergence.regimes import LAMB_SHAPE_KEYS, LIBRARY_DEFAULTS, QUICK_UNITS, Regime, ds_config
 from bert_pretrain.curves import heldout_curve, training_curve
-from kaisa_ds.config import KFACConfig
+from kaisa_ds.engine.ds_config import parse_kfac_section
 from kaisa_ds.report.metrics_log import read_rows
 
 logger = logging.getLogger(__name__)
@@ -124,12 +124,13 @@ def library_defaults(*, section: Mapping[str, Any]) -> dict[str, Any]:
     """Every :class:`~kaisa_ds.config.KFACConfig` option a section leaves at its default (those it does not name),
     as JSON values (enums and dtypes as text), resolved with the section's own keys: a default may follow another
     option (the relative damping follows ``grafting``, defaults_rule_7.md)."""
-    names = {f.name for f in dataclasses.fields(KFACConfig) if f.init}
-    config = KFACConfig.from_dict({k: v for k, v in section.items() if k in names})
+    config = parse_kfac_section({"kfac": {**section, "enabled": True}}).config  # as the run's engine reads it
+    assert config is not None  # enabled
     values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
               if not f.name.startswith("_") and f.name not in section}
-    if "relative_damping" in values and config.damping_at(0).relative:
-        values["relative_damping"] = config.damping_at(0).value  # None in the config: the value it resolves to
+    damping = config.damping_at(0)
+    if "relative_damping" in values and damping.relative:
+        values["relative_damping"] = damping.value  # None in the config: the value it resolves to
     return dict(json.loads(json.dumps(values, default=str)))
 
 

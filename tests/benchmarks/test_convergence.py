@@ -630,10 +630,10 @@ def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypa
     ones. Runs that set the changed key themselves (tuned K-FAC, a candidate) keep their key."""
     import dataclasses
 
-    from benchmarks.convergence import runner
     from benchmarks.convergence.parts import Parts
     from benchmarks.convergence.runner import RunSpec, run_inputs
     from kaisa_ds.config import KFACConfig
+    from kaisa_ds.engine import ds_config
 
     @dataclasses.dataclass
     class NewDefaults(KFACConfig):
@@ -647,7 +647,7 @@ def test_a_defaults_run_is_not_reused_after_the_library_defaults_change(monkeypa
                     eval_part="report", kfac={"damping": 1e-6, "factor_update_steps": 1, "inv_update_steps": 10})
     candidate = dataclasses.replace(spec, name="defaults_inv_update_steps50_seed1", kfac={"inv_update_steps": 50})
     before = [run_inputs(s, regime, parts, vocab=DEFAULT_VOCAB) for s in (spec, tuned, candidate)]
-    monkeypatch.setattr(runner, "KFACConfig", NewDefaults, raising=False)
+    monkeypatch.setattr(ds_config, "KFACConfig", NewDefaults)  # what the run's engine builds its config with
     after = [run_inputs(s, regime, parts, vocab=DEFAULT_VOCAB) for s in (spec, tuned, candidate)]
     assert after[0] != before[0]
     assert after[1:] == before[1:]  # a section that sets the changed key trained the same either way
