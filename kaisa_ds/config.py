@@ -137,11 +137,9 @@ class KFACConfig:
         self.compute_method = parse_enum(ComputeMethod, self.compute_method, name="compute_method")
         self.loss_reduction = parse_enum(LossReduction, self.loss_reduction, name="loss_reduction")
         self.grafting = parse_enum(Grafting, self.grafting, name="grafting")
-        if isinstance(self.kl_clip, str):
-            if self.kl_clip != AUTO:
-                raise ValueError(f"kl_clip={self.kl_clip!r} is not valid; allowed: 'auto', a number > 0, a schedule "
-                                 "or null")
-            self.kl_clip = None if self.grafting is Grafting.GRADIENT else DEFAULT_KL_CLIP
+        if isinstance(self.kl_clip, str) and self.kl_clip != AUTO:  # "auto" stays: value() resolves it (grafting)
+            raise ValueError(f"kl_clip={self.kl_clip!r} is not valid; allowed: 'auto', a number > 0, a schedule "
+                             "or null")
         if self.damping_mode is not None:
             self.damping_mode = parse_enum(DampingMode, self.damping_mode, name="damping_mode")
         conflict = damping_conflict(self.damping, self.relative_damping, self.damping_mode, prefix="")
@@ -191,6 +189,8 @@ class KFACConfig:
             step: the K-FAC step the value is for.
         """
         if getattr(self, name) == AUTO:
+            if name == "kl_clip":  # defaults_rule_6.md: no clip under grafting, KAISA's without
+                return None if self.grafting is Grafting.GRADIENT else DEFAULT_KL_CLIP
             raise ValueError(f"{name} is 'auto': it is known once the batch is (inv_update_steps_at)")
         raw = evaluate(getattr(self, name), step)
         checked = check_range(name, raw)

@@ -131,6 +131,8 @@ def library_defaults(*, section: Mapping[str, Any]) -> dict[str, Any]:
     damping = config.damping_at(0)
     if "relative_damping" in values and damping.relative:
         values["relative_damping"] = damping.value  # None in the config: the value it resolves to
+    if values.get("kl_clip") == "auto":
+        values["kl_clip"] = config.value("kl_clip", 0)  # as recorded since rule 6: the clip "auto" resolves to
     return dict(json.loads(json.dumps(values, default=str)))
 
 

@@ -137,6 +137,19 @@ def test_the_default_relative_damping_follows_the_grafting() -> None:
     assert merged.damping_at(0) == kaisa
 
 
+def test_the_default_kl_clip_follows_a_grafting_given_on_top_of_a_config() -> None:
+    """``kl_clip: "auto"`` means no clip under grafting and KAISA's clip without (defaults_rule_6.md); a keyword that
+    changes ``grafting`` on top of a config must change the clip with it, not keep the one the config resolved."""
+    kaisa_clip = KFACConfig(grafting="none").value("kl_clip", 0)
+    assert kaisa_clip is not None and KFACConfig().value("kl_clip", 0) is None
+    ungrafted = KFACPreconditioner(TinyMLP(), config=KFACConfig(), grafting="none").config
+    assert ungrafted.value("kl_clip", 0) == kaisa_clip
+    grafted = KFACPreconditioner(TinyMLP(), config=KFACConfig(grafting="none"), grafting="gradient").config
+    assert grafted.value("kl_clip", 0) is None
+    assert KFACPreconditioner(TinyMLP(), config=KFACConfig(kl_clip=0.01), grafting="none").config.value(
+        "kl_clip", 0) == 0.01  # a clip given stays
+
+
 @pytest.mark.parametrize(
     ("kwargs", "argument", "key"),
     [

@@ -93,7 +93,7 @@ def test_the_default_step_keeps_each_layers_raw_size_and_an_ungrafted_one_keeps_
     ratios = {k: _layer_norms(kaisa)[k] / v for k, v in _layer_norms(unclipped).items()}
     assert max(ratios.values()) < 0.5  # the clip (0.001) binds on the ungrafted step
     assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-6)  # one ν for every layer
-    assert KFACConfig(grafting="none").kl_clip == pytest.approx(0.001)
+    assert KFACConfig(grafting="none").value("kl_clip", 0) == pytest.approx(0.001)
     with pytest.raises(ValueError, match=r"kl_clip='off'.*'auto'"):
         KFACConfig(kl_clip="off")
 
