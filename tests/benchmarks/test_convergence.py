@@ -664,6 +664,8 @@ def test_a_defaults_record_carries_the_damping_its_grafting_resolves_to() -> Non
     plain, kaisa = library_defaults(section={}), library_defaults(section={"grafting": "none"})
     assert plain["relative_damping"] == KFACConfig().damping_at(0).value
     assert kaisa["relative_damping"] == KFACConfig(grafting="none").damping_at(0).value != plain["relative_damping"]
+    assert kaisa["kl_clip"] == KFACConfig(grafting="none").value("kl_clip", 0) != plain["kl_clip"]  # "auto" resolved
+    assert plain["kl_clip"] == KFACConfig().value("kl_clip", 0)
     assert "relative_damping" not in library_defaults(section={"relative_damping": 10})
     assert library_defaults(section={"damping": 1e-6})["relative_damping"] is None
     old = {"ds_config": {"kfac": {"enabled": True, "grafting": "gradient", "kl_clip": None}},
