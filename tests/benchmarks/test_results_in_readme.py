@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from benchmarks.convergence.analysis import spread
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 TABLE_HEADER = "| case | command, time | **time to LAMB's final** |"
 SPREAD = re.compile(r"^(?P<mean>\d+\.\d+) ± (?P<std>\d+\.\d+)(?: \((?P<seeds>[^)]*)\))?")
 REACHED = re.compile(r"^(?P<k>\d+) of (?P<n>\d+) \((?P<seeds>[^)]*)\)")
+RECORD_LINK = re.compile(r"\[record\]\(([^)]+)\)")
 
 
 def headline_rows() -> list[list[str]]:
@@ -47,16 +49,17 @@ def per_seed(record: dict[str, Any]) -> list[dict[str, float | None]]:
 
 
 def check_spread(cell: str, values: list[float | None], *, what: str) -> None:
-    """``cell`` starts "mean ± std" (and, when it lists them, each seed's value) as ``values`` give them."""
+    """``cell`` starts "mean ± std" (and, when it lists them, each seed's value) as ``values`` give them, summarised
+    as the reports summarise them (:func:`~benchmarks.convergence.analysis.spread`)."""
     match = SPREAD.match(cell)
     assert match, f"{what}: expected 'mean ± std' in {cell!r}"
-    assert None not in values, f"{what}: the record has a seed that never reached it, the README a mean: {cell!r}"
-    reached = [float(v) for v in values if v is not None]
-    assert float(match["mean"]) == pytest.approx(statistics.mean(reached), abs=0.0051), what
-    assert float(match["std"]) == pytest.approx(statistics.stdev(reached), abs=0.0051), what
+    summary = spread(values)
+    assert summary["missing"] == 0, f"{what}: the record has a seed that never reached it, the README a mean: {cell!r}"
+    assert float(match["mean"]) == pytest.approx(summary["mean"], abs=0.0051), what
+    assert float(match["std"]) == pytest.approx(summary["std"], abs=0.0051), what
     if match["seeds"]:
         listed = [float(v) for v in match["seeds"].split(", ")]
-        assert listed == pytest.approx(reached, abs=0.0051), f"{what}: per seed"
+        assert listed == pytest.approx(values, abs=0.0051), f"{what}: per seed"
 
 
 def check_best(cell: str, seeds: list[dict[str, float | None]], *, what: str) -> None:
@@ -78,13 +81,13 @@ ROWS = headline_rows()
 def test_the_table_has_every_case_with_a_record() -> None:
     assert len(ROWS) >= 7
     for cells in ROWS:
-        assert re.search(r"\[record\]\(([^)]+)\)", cells[1]), f"row {cells[0]!r} links no record"
+        assert RECORD_LINK.search(cells[1]), f"row {cells[0]!r} links no record"
 
 
 @pytest.mark.parametrize("cells", ROWS, ids=[cells[0][:40] for cells in ROWS])
 def test_row_matches_its_record(cells: list[str]) -> None:
     case, command, final, best, steps = cells[:5]
-    link = re.search(r"\[record\]\(([^)]+)\)", command)
+    link = RECORD_LINK.search(command)
     assert link, f"row {case!r} links no record"
     path = REPO / link[1]
     assert path.is_file(), f"row {case!r}: no record at {link[1]}"
