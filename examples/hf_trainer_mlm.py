@@ -24,8 +24,14 @@ import argparse
 import os
 import random
 import re
+import sys
 from pathlib import Path
 from typing import Any
+
+# bert_pretrain (the tokenizer's home) is not part of the kaisa_ds wheel: it is imported from this checkout, whose
+# root a launcher running this file by path does not put on sys.path (torchrun; the deepspeed launcher adds the
+# working directory only)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from datasets import Dataset
