@@ -7,7 +7,7 @@ import torch
 
 from kaisa_ds.enums import DTYPES, DistributedStrategy, parse_dtype
 
-DTYPE_NAMES = ("fp32", "fp16", "bf16")  # what dtype flags accept; each a name in kaisa_ds.config.DTYPES
+DTYPE_NAMES = ("fp32", "fp16", "bf16")  # what dtype flags accept; each a name in kaisa_ds.enums.DTYPES
 # KAISA's names in tables and flags, in the order the benchmarks run them
 STRATEGIES: dict[str, DistributedStrategy] = {"MEM-OPT": DistributedStrategy.MEM_OPT,
                                               "HYBRID-OPT": DistributedStrategy.HYBRID_OPT,
