@@ -40,6 +40,9 @@ DEFAULT_RELATIVE_DAMPING = 100.0
 GRAFTED_RELATIVE_DAMPING = 10.0
 DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
+# Factors up to this size are kept whole: BERT-Large's 4,096 and GPT-2 XL's 6,400 are, an LM head's vocabulary is not
+# (an 8,192² FP32 factor is 256 MiB, its eigendecomposition about a second on a GPU)
+DEFAULT_MAX_FACTOR_DIM = 8192
 
 @dataclass(frozen=True)
 class Damping:
@@ -105,6 +108,8 @@ class KFACConfig:
         factor_pass_fraction: share of an accumulation window's backward passes whose statistics feed the factors.
         max_decomposition_failures: consecutive failed decompositions of one factor after which every rank stops
             with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
+        max_factor_dim: the largest factor kept whole; a larger one keeps only its diagonal (an untied LM head's
+            vocabulary-sized G: 32,000² floats are 4 GB and their eigendecomposition takes minutes). None: no limit.
     """
 
     factor_update_steps: ScheduleLike = 5  # 5 / 50: benchmarks/results/convergence/defaults_rule.md says how chosen
@@ -131,6 +136,7 @@ class KFACConfig:
     factor_sample_fraction: float = 1.0
     factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
+    max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +177,8 @@ class KFACConfig:
                                                 "the factors")
         parse_count("max_decomposition_failures", self.max_decomposition_failures,
                     meaning="the consecutive failed decompositions of one factor after which training stops")
+        parse_count("max_factor_dim", self.max_factor_dim, allow_none=True,
+                    meaning="the largest factor kept whole; larger ones keep their diagonal")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         if isinstance(self.inv_update_steps, str) and self.inv_update_steps != AUTO:

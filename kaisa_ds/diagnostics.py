@@ -42,6 +42,7 @@ class Diagnostics:
     effectiveness: dict[str, dict[str, float]] = field(default_factory=dict)  # group -> damping_share, cosine
     unpreconditioned: list[str] = field(default_factory=list)  # layers the last measurement could not precondition
     warned: set[str] = field(default_factory=set)  # kinds of effectiveness warnings already logged
+    coverage: dict[str, Any] | None = None  # what share of the model is preconditioned (set at the first step)
 
     def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float,
                     damping_mode: DampingMode) -> None:
@@ -99,4 +100,5 @@ class Diagnostics:
             "eigenvalues": {k: {"min": v[0], "max": v[1]} for k, v in ranges.items()},
             "effectiveness": {k: dict(v) for k, v in self.effectiveness.items()},
             "unpreconditioned_layers": list(self.unpreconditioned),
+            "coverage": self.coverage,
         }

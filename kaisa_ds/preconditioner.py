@@ -28,7 +28,8 @@ from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.factors.statistics import Rows, keep_all
-from kaisa_ds.layers.discovery import KFACLayer, discover_layers
+from kaisa_ds.layers import coverage
+from kaisa_ds.layers.discovery import KFACLayer, discover
 from kaisa_ds.layers.hooks import HookCapture
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccessor
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
@@ -91,14 +92,16 @@ class KFACPreconditioner:
         self._reducer: WindowReducer | None = None
         self._capture_cache: tuple[int, bool] = (-1, False)
         self.capture = HookCapture(enabled=self._capturing, on_input=self._on_input, on_output_grad=self._on_grad)
-        self.candidates: dict[str, KFACLayer] = discover_layers(model, self.config)
+        self.candidates: dict[str, KFACLayer]
+        self.candidates, self.coverage = discover(model, self.config)
         self.discovered_info = layer_info(self.candidates)
         self._attach_all()
 
     def _attach_all(self) -> None:
         self.capture.remove_all()
+        self.capture.attach_model(self.model)
         for name, layer in self.candidates.items():
-            self.capture.attach(name, layer.module)
+            self.capture.attach(name, layer.module, lookup=layer.helper.lookup_ids)
 
     @property
     def layers(self) -> dict[str, KFACLayer]:
@@ -116,14 +119,14 @@ class KFACPreconditioner:
         """The loss scale in force (``config.loss_scale()``; 1 without one): gradients are divided by it."""
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
 
-    def _select(self, factor: KroneckerFactor) -> Rows:
-        """The rows of this pass that feed ``factor``: all of them, or the sampler's subset."""
+    def _select(self, pass_index: int) -> Rows:
+        """The rows of this pass that feed a factor: all of them, or the sampler's subset."""
         if not self.sampler.active:
             return keep_all
-        sampler, step, pass_index = self.sampler, self.steps, factor.passes
+        sampler, step = self.sampler, self.steps
         return lambda rows: sampler.rows(rows, step=step, pass_index=pass_index)
 
-    def _on_input(self, name: str, inp: torch.Tensor) -> None:
+    def _on_input(self, name: str, inp: torch.Tensor, pass_id: int | None) -> None:
         layer = self.layers.get(name)
         if layer is None or (layer.unit != name and layer.a.already_counted(inp)):
             # a later reader of a shared A factor whose first reader counted this very tensor in this pass; the
@@ -131,24 +134,26 @@ class KFACPreconditioner:
             return
         if self._reducer is not None:
             self._reducer.check_open(layer.a)
-        if self.pass_sampler.keeps(step=self.steps, pass_index=layer.a.passes):
-            layer.a.add(*layer.helper.a_statistic(inp, self._select(layer.a)))
+        index = layer.a.pass_index(pass_id)
+        if self.pass_sampler.keeps(step=self.steps, pass_index=index):
+            layer.a.add(*layer.helper.a_statistic(inp, self._select(index)), pass_id=pass_id)
         else:
-            layer.a.skip_pass()
+            layer.a.skip_pass(pass_id=pass_id)
         layer.a.mark_counted(inp)
 
-    def _on_grad(self, name: str, grad: torch.Tensor) -> None:
+    def _on_grad(self, name: str, grad: torch.Tensor, pass_id: int | None) -> None:
         layer = self.layers.get(name)
         if layer is None:
             return
         if self._reducer is not None:
             self._reducer.check_open(layer.g)
-        if self.pass_sampler.keeps(step=self.steps, pass_index=layer.g.passes):
-            stat, count = layer.helper.g_statistic(grad, self._select(layer.g))
+        index = layer.g.pass_index(pass_id)
+        if self.pass_sampler.keeps(step=self.steps, pass_index=index):
+            stat, count = layer.helper.g_statistic(grad, self._select(index))
             per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
-            layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count)
+            layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count, pass_id=pass_id)
         else:
-            layer.g.skip_pass()
+            layer.g.skip_pass(pass_id=pass_id)
         if self._reducer is not None:  # on the window's last pass this may start a bucket's all-reduce
             self._reducer.grad_complete(name, layer.g)
 
@@ -175,13 +180,18 @@ class KFACPreconditioner:
         return self.structure
 
     def _install(self, structure: LayerStructure) -> None:
-        for name in [n for n in self.candidates if n not in structure.layers]:
+        never = [n for n in self.candidates if n not in structure.layers]
+        for name in never:
             logger.warning("K-FAC: skipping %s: its forward hook never fired (the module is not called "
                            "directly, e.g. nn.MultiheadAttention.out_proj)", name)
             self.capture.detach(name)
+        self.coverage = self.coverage.not_called(set(never)).called(self.capture.multi_call)
+        if self.rank == 0:
+            coverage.report(self.coverage)
+        self.diagnostics.coverage = self.coverage.summary()
         self.structure = structure
         self._reducer = WindowReducer({n: (ly.a, ly.g) for n, ly in structure.layers.items()}, config=self.config,
-                                      world=self.world, group=self._reduce_group)
+                                      world=self.world, group=self._reduce_group, calls=self.capture.calls)
         self.decompositions = {f: d for f, d in self.decompositions.items() if structure.holds(f, self.rank)}
         self.grouped.invalidate()
 

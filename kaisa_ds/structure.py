@@ -34,9 +34,10 @@ def layers_device(layers: dict[str, KFACLayer]) -> torch.device:
 
 
 def layer_info(layers: dict[str, KFACLayer]) -> dict[str, dict[str, Any]]:
-    """What identifies a layer in a saved state: module type, factor sizes and its A factor's name."""
-    return {n: {"type": type(ly.module).__name__, "a_dim": ly.a.dim, "g_dim": ly.g.dim, "a": ly.a.name}
-            for n, ly in layers.items()}
+    """What identifies a layer in a saved state: module type, factor sizes (and which are diagonal) and its A
+    factor's name."""
+    return {n: {"type": type(ly.module).__name__, "a_dim": ly.a.dim, "g_dim": ly.g.dim, "a": ly.a.name,
+                "a_diagonal": ly.a.diagonal, "g_diagonal": ly.g.diagonal} for n, ly in layers.items()}
 
 
 @dataclass

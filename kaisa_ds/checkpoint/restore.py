@@ -68,7 +68,7 @@ class Restored:
 def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
     """``state`` (:meth:`KFACPreconditioner.state_dict`'s format) rebuilt for ``p``'s model at this world size.
     ValueError naming the problem when it belongs to another model or is corrupt."""
-    diagonal = {ly.a.name: ly.a.diagonal for ly in p.candidates.values()}
+    diagonal = {f.name: f.diagonal for ly in p.candidates.values() for f in (ly.a, ly.g)}
     method = p.config.method
     dropped = validate_state(state, discovered=p.discovered_info, diagonal=diagonal, method=method)
     counters: dict[str, Any] = {"steps": int(state["steps"]), "skipped_windows": int(state["skipped_windows"]),

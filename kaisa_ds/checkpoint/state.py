@@ -149,7 +149,10 @@ def validate_saved_state(state: Any) -> list[str]:
     """:func:`validate_state` of a saved state on its own terms (its own layers, their embedding A factors and its
     compute method), for checking a checkpoint without a model: raises ValueError, KeyError or TypeError."""
     discovered = state["discovered"]
-    diagonal = {info["a"]: info["type"] == "Embedding" for info in discovered.values()}
+    diagonal: dict[str, bool] = {}
+    for name, info in discovered.items():  # states saved before 2026-12-02 lack the flags: only embeddings' A was
+        diagonal[info["a"]] = bool(info.get("a_diagonal", info["type"] == "Embedding"))
+        diagonal[f"{name}.G"] = bool(info.get("g_diagonal", False))
     return validate_state(state, discovered=discovered, diagonal=diagonal, method=saved_method(state))
 
 

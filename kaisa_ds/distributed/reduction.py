@@ -73,8 +73,9 @@ class WindowReducer:
     """Starts and finishes the reduction of one factor window; one per structure."""
 
     def __init__(self, layers: dict[str, tuple[KroneckerFactor, KroneckerFactor]], *, config: KFACConfig,
-                 world: int, group: dist.ProcessGroup | None) -> None:
+                 world: int, group: dist.ProcessGroup | None, calls: dict[str, int] | None = None) -> None:
         self.config = config
+        self.calls = calls if calls is not None else {}  # calls per pass (live): a G is complete after that many
         self.world = world
         self.group = group
         # overlap needs to know which backward pass is a window's last: the engine says (gradient accumulation),
@@ -104,6 +105,8 @@ class WindowReducer:
     def grad_complete(self, layer: str, factor: KroneckerFactor) -> None:
         """A layer's output-gradient statistic was added: start every bucket that is now complete, in order."""
         if not self.overlap or factor.passes < (self.config.accumulation_steps or 1):
+            return
+        if factor.calls_in_pass < self.calls.get(layer, 1):  # more calls of this pass are still to come
             return
         bucket = self._bucket_of.get(layer)
         if bucket is None or bucket < self._next:

@@ -39,6 +39,8 @@ class KroneckerFactor:
         self.updates = 0
         self._window = self._new_window()
         self._last_input: weakref.ref[torch.Tensor] | None = None
+        self._pass_id: int | None = None  # the forward pass the open window's last call belonged to
+        self.calls_in_pass = 0  # calls added to the open window's last pass
 
     def already_counted(self, inp: torch.Tensor) -> bool:
         """True when this very tensor was the last one added (a shared A factor's second reader)."""
@@ -71,13 +73,27 @@ class KroneckerFactor:
         """Whether :meth:`window_payload` is the upper triangle (half-precision windows of square factors)."""
         return self._window.packed
 
-    def add(self, stat_sum: torch.Tensor, count: int) -> None:
-        """Add one pass's statistic sum (FP32, consumed) over ``count`` samples to the window."""
-        self._window.add(stat_sum, count)
+    def _same_pass(self, pass_id: int | None) -> bool:
+        return pass_id is not None and pass_id == self._pass_id and self._window.passes > 0
 
-    def skip_pass(self) -> None:
+    def pass_index(self, pass_id: int | None) -> int:
+        """The index in the open window of the pass a call of forward pass ``pass_id`` belongs to (None: a new
+        pass)."""
+        return self._window.passes - 1 if self._same_pass(pass_id) else self._window.passes
+
+    def add(self, stat_sum: torch.Tensor, count: int, *, pass_id: int | None = None) -> None:
+        """Add one call's statistic sum (FP32, consumed) over ``count`` samples to the window. Calls of one forward
+        pass (``pass_id``; None: every call is a pass) add their rows to one pass."""
+        same = self._same_pass(pass_id)
+        self._window.add(stat_sum, count, new_pass=not same)
+        self._pass_id, self.calls_in_pass = pass_id, self.calls_in_pass + 1 if same else 1
+
+    def skip_pass(self, *, pass_id: int | None = None) -> None:
         """Count a pass of the window without its statistics (the pass sampler left it out)."""
-        self._window.skip()
+        same = self._same_pass(pass_id)
+        if not same:
+            self._window.skip()
+        self._pass_id, self.calls_in_pass = pass_id, self.calls_in_pass + 1 if same else 1
 
     def window_payload(self) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The window's ``E[x xᵀ]`` as ``(tensor, scale)`` (scale None: FP32 and already the mean; else the
@@ -99,6 +115,7 @@ class KroneckerFactor:
     def discard(self) -> None:
         """Drop the current window's statistics."""
         self._window = self._new_window()
+        self._pass_id, self.calls_in_pass = None, 0
 
     @property
     def has_value(self) -> bool:

@@ -32,15 +32,24 @@ def gram(x: torch.Tensor) -> torch.Tensor:
         return x.t() @ x
 
 
-def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False,
-                      select: Rows = keep_all) -> tuple[torch.Tensor, int]:
+def diagonal_sum(x: torch.Tensor) -> torch.Tensor:
+    """``diag(xᵀ x)``, the column sums of squares, in FP32 (a factor too large to hold whole keeps its diagonal)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return x.float().square().sum(0)
+
+
+def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False, select: Rows = keep_all,
+                      diagonal: bool = False) -> tuple[torch.Tensor, int]:
     """``Σ x xᵀ`` over the (selected) rows of a (samples, features) matrix, in FP32, and the row count.
 
     With ``append_ones`` the result is that of ``[x, 1]`` without materialising the extra column:
-    the border is the column sums and the corner the sample count.
+    the border is the column sums and the corner the sample count. With ``diagonal`` only its diagonal, a vector.
     """
     x = select(rows.detach())
     n, d = x.shape
+    if diagonal:
+        diag = diagonal_sum(x)
+        return (torch.cat([diag, diag.new_full((1,), float(n))]) if append_ones else diag), n
     if not append_ones:
         return gram(x), n
     out = torch.empty(d + 1, d + 1, dtype=torch.float32, device=x.device)
@@ -52,19 +61,21 @@ def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False,
     return out, n
 
 
-def linear_input_sum(x: torch.Tensor, *, has_bias: bool, select: Rows = keep_all) -> tuple[torch.Tensor, int]:
+def linear_input_sum(x: torch.Tensor, *, has_bias: bool, select: Rows = keep_all,
+                     diagonal: bool = False) -> tuple[torch.Tensor, int]:
     """A-statistic of an ``nn.Linear`` input of any rank; the bias adds a column of ones."""
-    return second_moment_sum(x.reshape(-1, x.shape[-1]), append_ones=has_bias, select=select)
+    return second_moment_sum(x.reshape(-1, x.shape[-1]), append_ones=has_bias, select=select, diagonal=diagonal)
 
 
-def conv2d_input_sum(x: torch.Tensor, conv: nn.Conv2d, *, select: Rows = keep_all) -> tuple[torch.Tensor, int]:
+def conv2d_input_sum(x: torch.Tensor, conv: nn.Conv2d, *, select: Rows = keep_all,
+                     diagonal: bool = False) -> tuple[torch.Tensor, int]:
     """A-statistic of an ``nn.Conv2d`` input from its extracted patches (one sample per output position)."""
     if isinstance(conv.padding, str):
         raise ValueError(f"Conv2d padding={conv.padding!r} is not supported by K-FAC; use numeric padding")
     patches = F.unfold(x.detach(), conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
                        stride=conv.stride)  # (B, C*kh*kw, L)
     rows = patches.transpose(1, 2).reshape(-1, patches.shape[1])
-    return second_moment_sum(rows, append_ones=conv.bias is not None, select=select)
+    return second_moment_sum(rows, append_ones=conv.bias is not None, select=select, diagonal=diagonal)
 
 
 def embedding_input_sum(ids: torch.Tensor, num_embeddings: int) -> tuple[torch.Tensor, int]:
@@ -74,8 +85,8 @@ def embedding_input_sum(ids: torch.Tensor, num_embeddings: int) -> tuple[torch.T
     return counts, flat.numel()
 
 
-def output_grad_sum(grad: torch.Tensor, *, channels_dim: int = -1,
-                    select: Rows = keep_all) -> tuple[torch.Tensor, int]:
+def output_grad_sum(grad: torch.Tensor, *, channels_dim: int = -1, select: Rows = keep_all,
+                    diagonal: bool = False) -> tuple[torch.Tensor, int]:
     """G-statistic of an output gradient; conv maps put channels on dim 1."""
     g = grad.movedim(channels_dim, -1) if channels_dim != -1 else grad
-    return second_moment_sum(g.reshape(-1, g.shape[-1]), select=select)
+    return second_moment_sum(g.reshape(-1, g.shape[-1]), select=select, diagonal=diagonal)

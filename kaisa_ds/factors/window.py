@@ -40,13 +40,14 @@ class ExactWindow:
         self.count = 0
         self.passes = 0
 
-    def add(self, stat_sum: torch.Tensor, count: int) -> None:
+    def add(self, stat_sum: torch.Tensor, count: int, *, new_pass: bool = True) -> None:
+        """Add one call's statistic; ``new_pass`` False: a further call of the same pass (its rows are samples)."""
         if self.sum is None:
             self.sum = stat_sum.clone() if stat_sum.dtype == torch.float32 else stat_sum.float()
         else:
             self.sum.add_(stat_sum)
         self.count += count
-        self.passes += 1
+        self.passes += int(new_pass)
 
     def skip(self) -> None:
         """Count a pass whose statistics are not used (a pass subset): it still scales G by ``passes²``."""
@@ -74,8 +75,9 @@ class ScaledWindow:
         self.count = 0
         self.passes = 0
 
-    def add(self, stat_sum: torch.Tensor, count: int) -> None:
-        """Add one pass (FP32, consumed: it may be divided in place)."""
+    def add(self, stat_sum: torch.Tensor, count: int, *, new_pass: bool = True) -> None:
+        """Add one call's statistic (FP32, consumed: it may be divided in place); ``new_pass`` False: a further call
+        of the same pass."""
         vec = pack_symmetric(stat_sum) if self.packed else stat_sum.float()
         peak = vec.abs().amax().float()
         self.bound = peak if self.bound is None else self.bound + peak
@@ -86,7 +88,7 @@ class ScaledWindow:
             self.sum.mul_(self.scale / scale).add_(vec.div_(scale))
         self.scale = scale
         self.count += count
-        self.passes += 1
+        self.passes += int(new_pass)
 
     def skip(self) -> None:
         """Count a pass whose statistics are not used (a pass subset): it still scales G by ``passes²``."""

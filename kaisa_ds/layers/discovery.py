@@ -11,7 +11,8 @@ from torch import nn
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.enums import LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
-from kaisa_ds.layers.modules import ModuleHelper, helper_for
+from kaisa_ds.layers.coverage import Coverage, Kind, ModuleCoverage, Verdict, kind_of, own_trainable
+from kaisa_ds.layers.modules import ModuleHelper, helper_for, why_unsupported
 
 logger = logging.getLogger(__name__)
 
@@ -41,26 +42,47 @@ class KFACLayer:
 
 
 def discover_layers(model: nn.Module, config: KFACConfig) -> dict[str, KFACLayer]:
-    """Every supported, trainable, not-skipped module, in ``named_modules`` order.
+    """Every supported, trainable, not-skipped module, in ``named_modules`` order (see :func:`discover`)."""
+    return discover(model, config)[0]
+
+
+def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer], Coverage]:
+    """The K-FAC layers of ``model`` and the coverage they give (every module with trainable parameters, its verdict).
 
     A weight shared by several modules (BERT's MLM decoder tied to the word embeddings) is preconditioned by none
     of them, with a warning: its gradient sums every sharer's contribution while a layer's factors describe one
     module's inputs and outputs (the embedding's A is zero for tokens absent from the batch, which the decoder
     still gives a gradient), so it is left to the optimizer alone, as KAISA's BERT recipe and kfac-pytorch leave
-    embeddings.
+    embeddings. ValueError naming the module types found when no module can be preconditioned.
     """
+    named = list(model.named_modules())
+    params = own_trainable(named)
     candidates: list[tuple[str, ModuleHelper]] = []
     sharers: dict[int, list[str]] = {}
-    for name, module in model.named_modules():
-        helper = helper_for(module)
-        if helper is None or config.skips(name, type(module).__name__) or not helper.weight.requires_grad:
-            continue
-        candidates.append((name, helper))
-        sharers.setdefault(id(helper.weight), []).append(name)
+    verdicts: dict[str, tuple[Verdict, str]] = {}
+    for name, module in named:
+        helper = helper_for(module, max_factor_dim=config.max_factor_dim)
+        if helper is None:
+            why = why_unsupported(module)
+            verdicts[name] = ((Verdict.VECTORS, "") if kind_of(module) is Kind.VECTOR and why is None
+                              else (Verdict.UNSUPPORTED, why or ""))
+        elif config.skips(name, type(module).__name__):
+            verdicts[name] = (Verdict.SKIPPED, "")
+        elif not helper.weight.requires_grad:
+            verdicts[name] = (Verdict.VECTORS, "its weight is frozen")
+        else:
+            candidates.append((name, helper))
+            sharers.setdefault(id(helper.weight), []).append(name)
+            verdicts[name] = (Verdict.PRECONDITIONED, _factor_note(helper, config.max_factor_dim))
     for names in sharers.values():
         if len(names) > 1:
             logger.warning("K-FAC: skipping %s: they share one weight, whose gradient no single module's factors "
                            "describe (untie the weights to precondition them)", ", ".join(names))
+            verdicts.update({n: (Verdict.TIED, "shares its weight with " + ", ".join(o for o in names if o != n))
+                             for n in names})
+    coverage = Coverage([ModuleCoverage(name, type(module).__name__, kind_of(module), params[name],
+                                        *verdicts[name]) for name, module in named if params[name] or
+                         verdicts[name][0] is Verdict.TIED])
     layers: dict[str, KFACLayer] = {}
     scale_g = config.loss_reduction is LossReduction.MEAN
     dtype = config.storage_dtype
@@ -69,15 +91,25 @@ def discover_layers(model: nn.Module, config: KFACConfig) -> dict[str, KFACLayer
             continue
         a = KroneckerFactor(f"{name}.A", helper.a_dim, diagonal=helper.diagonal_a, storage_dtype=dtype,
                             scale_by_passes=False)
-        g = KroneckerFactor(f"{name}.G", helper.g_dim, diagonal=False, storage_dtype=dtype,
+        g = KroneckerFactor(f"{name}.G", helper.g_dim, diagonal=helper.diagonal_g, storage_dtype=dtype,
                             scale_by_passes=scale_g)
         layers[name] = KFACLayer(name=name, helper=helper, a=a, g=g, unit=name)
     if not layers:
+        found = coverage.by_type()
+        kinds = ", ".join(f"{t} ({sum(v.values()):,} parameters: {', '.join(v)})"
+                          for t, v in sorted(found.items(), key=lambda kv: -sum(kv[1].values()))[:8])
         raise ValueError(
-            "K-FAC found no trainable nn.Linear, nn.Conv2d or nn.Embedding layer to precondition "
-            "(check skip_layers)"
-        )
-    return layers
+            "K-FAC found no module it can precondition: it supports trainable nn.Linear, nn.Conv2d (groups=1), "
+            f"nn.Embedding and transformers' Conv1D, not tied or skipped; the model has {kinds or 'no parameters'}"
+            " (check skip_layers, or leave kfac off for this model)")
+    return layers, coverage
+
+
+def _factor_note(helper: ModuleHelper, limit: int | None) -> str:
+    sides = [f"{side} {dim:,}" for side, dim, diag in (("A", helper.a_dim, helper.diagonal_a and not
+                                                        helper.one_hot_input), ("G", helper.g_dim, helper.diagonal_g))
+             if diag]
+    return f"diagonal factor ({', '.join(sides)} > max_factor_dim {limit:,})" if sides and limit else ""
 
 
 def share_inputs(layers: dict[str, KFACLayer], same_input: dict[str, str]) -> None:

@@ -7,6 +7,7 @@ For ``nn.Embedding`` the input is a one-hot over the vocabulary, so ``in`` is th
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable
 from typing import Protocol
@@ -68,13 +69,20 @@ class GradWatermark:
 
 
 class ModuleHelper:
-    """Statistics and gradient-matrix views of one supported module."""
+    """Statistics and gradient-matrix views of one supported module.
 
-    diagonal_a = False
+    A factor larger than ``max_factor_dim`` (an LM head's vocabulary-sized G: 32,000² floats are 4 GB, and their
+    eigendecomposition minutes) keeps only its diagonal, as an embedding's one-hot A always does."""
+
+    one_hot_input = False  # the input is token ids: A is diagonal whatever its size
+    lookup_ids = False  # the ids are those its F.embedding call looks up, not its first input (kaisa_ds.layers.lookup)
     g_channels_dim = -1
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, *, max_factor_dim: int | None = None) -> None:
         self.module = module
+        limit = max_factor_dim if max_factor_dim is not None else float("inf")
+        self.diagonal_a = self.one_hot_input or self.a_dim > limit
+        self.diagonal_g = self.g_dim > limit
 
     @property
     def weight(self) -> nn.Parameter:
@@ -97,7 +105,7 @@ class ModuleHelper:
         raise NotImplementedError
 
     def g_statistic(self, grad_out: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
-        return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim, select=select)
+        return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim, select=select, diagonal=self.diagonal_g)
 
     def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
         """``[∇W | ∇b]`` as (out, in) in FP32, or None when the weight has no gradient."""
@@ -126,7 +134,7 @@ class LinearHelper(ModuleHelper):
         return int(self.weight.shape[1]) + (1 if self.bias is not None else 0)
 
     def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
-        return st.linear_input_sum(inp, has_bias=self.bias is not None, select=select)
+        return st.linear_input_sum(inp, has_bias=self.bias is not None, select=select, diagonal=self.diagonal_a)
 
 
 class Conv2dHelper(ModuleHelper):
@@ -138,11 +146,11 @@ class Conv2dHelper(ModuleHelper):
         return int(w.shape[1] * w.shape[2] * w.shape[3]) + (1 if self.bias is not None else 0)
 
     def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
-        return st.conv2d_input_sum(inp, self.module, select=select)  # type: ignore[arg-type]
+        return st.conv2d_input_sum(inp, self.module, select=select, diagonal=self.diagonal_a)  # type: ignore[arg-type]
 
 
 class EmbeddingHelper(ModuleHelper):
-    diagonal_a = True
+    one_hot_input = True
 
     @property
     def a_dim(self) -> int:
@@ -167,7 +175,62 @@ class EmbeddingHelper(ModuleHelper):
         return [(self.weight, mat.t())]
 
 
-HELPERS: dict[type[nn.Module], Callable[[nn.Module], ModuleHelper]] = {
+class Conv1DHelper(LinearHelper):
+    """transformers' ``Conv1D`` (GPT-2's c_attn, c_proj, c_fc; GPT-2-style models): a Linear layer whose weight is
+    stored transposed, ``(in, out)``, and always has a bias."""
+
+    @property
+    def a_dim(self) -> int:
+        return int(self.weight.shape[0]) + (1 if self.bias is not None else 0)
+
+    @property
+    def g_dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
+        gw = accessor.get(self.weight)
+        if gw is None:
+            return None
+        mat = gw.float().t()
+        bias = self.bias
+        if bias is not None:
+            gb = accessor.get(bias)
+            gb = torch.zeros(mat.shape[0], device=mat.device) if gb is None else gb.float()
+            mat = torch.cat([mat, gb.reshape(-1, 1)], dim=1)
+        return mat
+
+    def grad_parts(self, mat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        bias = self.bias
+        if bias is None:
+            return [(self.weight, mat.t())]
+        return [(self.weight, mat[:, :-1].t()), (bias, mat[:, -1])]
+
+
+class ScaledEmbeddingHelper(EmbeddingHelper):
+    """An embedding that multiplies its output by ``embed_scale`` (transformers' ``*ScaledWordEmbedding``: BART,
+    Gemma): the gradient reaching the table is the output's times the scale, so G is scaled by its square."""
+
+    def g_statistic(self, grad_out: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
+        stat, count = super().g_statistic(grad_out, select)
+        scale: torch.Tensor | float = getattr(self.module, "embed_scale")  # noqa: B009  (a tensor, a number)
+        return stat.mul_(scale * scale if isinstance(scale, torch.Tensor) else float(scale) ** 2), count
+
+
+class LookupEmbeddingHelper(EmbeddingHelper):
+    """An embedding that computes the ids it looks up (OPT's and BART's learned position tables): A counts the ids of
+    its ``F.embedding`` call, which the capture records (:mod:`kaisa_ds.layers.lookup`)."""
+
+    lookup_ids = True
+
+
+def _hf_conv1d() -> type[nn.Module] | None:
+    """transformers' ``Conv1D`` class when transformers is loaded (a model built from it has loaded it), else None:
+    kaisa_ds does not import transformers for models that do not use it."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+HELPERS: dict[type[nn.Module], Callable[..., ModuleHelper]] = {
     nn.Linear: LinearHelper,
     nn.Conv2d: Conv2dHelper,
     nn.Embedding: EmbeddingHelper,
@@ -193,13 +256,31 @@ def write_grads(accessor: GradAccessor, parts: list[tuple[nn.Parameter, torch.Te
         accessor.set(param, src.reshape(param.shape).to(param.dtype))
 
 
-def helper_for(module: nn.Module) -> ModuleHelper | None:
-    """The helper for a supported module type (exact type or subclass), else None."""
+def _overrides_forward(module: nn.Module, base: type[nn.Module]) -> bool:
+    return type(module).forward is not base.forward  # type: ignore[comparison-overlap]
+
+
+def why_unsupported(module: nn.Module) -> str | None:
+    """Why a module of a supported kind is not preconditioned (None: it is supported, or not of such a kind)."""
+    if isinstance(module, nn.Conv2d) and module.groups != 1:
+        return f"grouped convolution (groups={module.groups})"
+    if isinstance(module, nn.Embedding) and module.sparse:
+        return "sparse gradients"
+    return None
+
+
+def helper_for(module: nn.Module, *, max_factor_dim: int | None = None) -> ModuleHelper | None:
+    """The helper for a supported module type (exact type or subclass), else None (:func:`why_unsupported`)."""
+    if why_unsupported(module) is not None:
+        return None
+    conv1d = _hf_conv1d()
+    if conv1d is not None and isinstance(module, conv1d):
+        return Conv1DHelper(module, max_factor_dim=max_factor_dim)
+    if isinstance(module, nn.Embedding) and _overrides_forward(module, nn.Embedding):
+        # a scaled word embedding looks up its input (times a scale); anything else computes the ids itself
+        helper = ScaledEmbeddingHelper if hasattr(module, "embed_scale") else LookupEmbeddingHelper
+        return helper(module, max_factor_dim=max_factor_dim)
     for cls, make in HELPERS.items():
         if isinstance(module, cls):
-            if isinstance(module, nn.Conv2d) and module.groups != 1:
-                return None
-            if isinstance(module, nn.Embedding) and module.sparse:
-                return None
-            return make(module)
+            return make(module, max_factor_dim=max_factor_dim)
     return None

@@ -39,7 +39,7 @@ def _layer_gamma(layer: KFACLayer, damping: Damping, shifts: Mapping[str, torch.
     if layer.a.value is None or layer.g.value is None:
         return None
     gamma_a = factor_shift(damping, layer.a.value.float(), diagonal=layer.a.diagonal)
-    gamma_g = factor_shift(damping, layer.g.value.float(), diagonal=False)
+    gamma_g = factor_shift(damping, layer.g.value.float(), diagonal=layer.g.diagonal)
     return torch.as_tensor(gamma_a * gamma_g, dtype=torch.float32).reshape(())  # type: ignore[operator]
 
 

@@ -31,6 +31,7 @@ from kaisa_ds.decomposition.damping import eigen_shift
 from kaisa_ds.decomposition.decompose import Decomposition, stack_views
 
 Pair = tuple[Decomposition, Decomposition]  # (A, G)
+_AStack = tuple[torch.Tensor | None, torch.Tensor | None]  # A's stacked matrices, and its eigenvalues or vector
 ALIGN = 8  # elements: 16 bytes of FP16/BF16, what cuBLAS's tensor-core kernels want of every row
 
 
@@ -38,11 +39,20 @@ ALIGN = 8  # elements: 16 bytes of FP16/BF16, what cuBLAS's tensor-core kernels 
 class _Group:
     layers: list[str]  # ordered so that the ``share`` layers of one A factor are adjacent
     share: int  # layers per A factor in this group
-    g_mats: torch.Tensor  # (L, out, out): G eigenvectors, or G's damped inverse
+    g_mats: torch.Tensor | None  # (L, out, out): G eigenvectors, or G's damped inverse; None for a diagonal G
     a_mats: torch.Tensor | None  # (L / share, in, in); None for a diagonal A factor
     scale: torch.Tensor  # eigen: 1 / (λ_G λ_Aᵀ + γ), (L, out, in + pad); inverse: A's diagonal inverse, (L, 1, in)
+    dtype: torch.dtype  # what the decompositions are applied in
     shift: torch.Tensor | None = None  # eigen: γ per layer, (L, 1, 1)
+    g_vec: torch.Tensor | None = None  # inverse, diagonal G: its damped inverse, (L, out, 1)
     pad: int = 0  # zero columns appended to the gradients (and to the A stacks) for aligned matmuls
+
+    def g_side(self, v: torch.Tensor, *, transpose: bool) -> torch.Tensor:
+        """``G v`` (or ``Gᵀ v``) per layer: a matmul, a row scaling for an inverse diagonal G, nothing for the
+        eigenvectors of a diagonal G (the identity)."""
+        if self.g_mats is not None:
+            return (self.g_mats.transpose(1, 2) if transpose else self.g_mats) @ v
+        return v * self.g_vec if self.g_vec is not None else v
 
     def a_side(self, v: torch.Tensor, *, transpose: bool) -> torch.Tensor:
         """``v @ A`` (or ``Aᵀ``) per layer, the layers sharing an A factor stacked into one taller matrix."""
@@ -52,11 +62,17 @@ class _Group:
         return (v.reshape(n_layers // self.share, self.share * rows, cols) @ a).reshape(n_layers, rows, cols)
 
 
-def _key(a: Decomposition, g: Decomposition) -> tuple[object, ...]:
-    # a diagonal A (embeddings) has eigenvalues but no eigenvectors: its size is in the eigenvalues
-    mats = (g.eigvecs, a.eigvecs, a.eigvals) if g.eigvals is not None else (g.inverse, a.inverse)
-    return tuple((tuple(t.shape), t.dtype, t.device) if t is not None else None for t in mats) + (
-        a.eigvecs is None and a.inverse is not None and a.inverse.dim() == 1,)
+def _shape(t: torch.Tensor | None) -> tuple[object, ...] | None:
+    return None if t is None else (tuple(t.shape), t.dtype, t.device)
+
+
+def _a_key(a: Decomposition) -> tuple[object, ...]:
+    """What layers sharing one stack of A matrices must agree on (a diagonal A has only eigenvalues or a vector)."""
+    return (_shape(a.eigvecs), _shape(a.eigvals), _shape(a.inverse))
+
+
+def _g_key(g: Decomposition) -> tuple[object, ...]:
+    return (_shape(g.eigvecs), _shape(g.eigvals), _shape(g.inverse))
 
 
 class GroupedPreconditioner:
@@ -82,14 +98,22 @@ class GroupedPreconditioner:
                 for n, gamma in zip(g.layers, g.shift.float().reshape(-1).unbind(0))}
 
     def _build(self, pairs: dict[str, Pair], damping: Damping) -> list[_Group]:
+        """Groups of stackable layers. Layers reading one A factor may differ in output size (grouped-query
+        attention's narrower key and value, an MLP reading the attention's input in parallel): they are split into
+        runs of one G size, and runs of equal (A, G, length) across the model form a group."""
         readers: dict[int, list[str]] = {}  # A decomposition -> the layers that read it, in order
         for name, (a, _) in pairs.items():
             readers.setdefault(id(a), []).append(name)
         by_key: dict[tuple[object, ...], list[list[str]]] = {}
         for names in readers.values():
-            a, g = pairs[names[0]]
-            by_key.setdefault((*_key(a, g), len(names)), []).append(names)
-        return [self._group(runs, pairs, damping) for runs in by_key.values()]
+            runs: dict[tuple[object, ...], list[str]] = {}
+            for name in names:
+                runs.setdefault(_g_key(pairs[name][1]), []).append(name)
+            a_key = _a_key(pairs[names[0]][0])
+            for g_key, run in runs.items():
+                by_key.setdefault((a_key, g_key, len(run)), []).append(run)
+        a_stacks: dict[tuple[object, ...], _AStack] = {}
+        return [self._group(runs, pairs, damping, a_stacks) for runs in by_key.values()]
 
     def _pad(self, a: Decomposition) -> int:
         """Zero rows and columns that align a dense A factor's size (0 for a diagonal A)."""
@@ -99,26 +123,46 @@ class GroupedPreconditioner:
         align = self.align if self.align is not None else (ALIGN if mat.is_cuda else 1)
         return -mat.shape[-1] % align
 
-    def _group(self, runs: list[list[str]], pairs: dict[str, Pair], damping: Damping) -> _Group:
+    def _a_stack(self, a_decs: list[Decomposition], pad: int,
+                 cache: dict[tuple[object, ...], _AStack]) -> _AStack:
+        """The A side's stacked matrices (None for a diagonal A) and its eigenvalues (eigen) or diagonal inverse.
+        Groups of the same A factors in the same order (grouped-query attention's query group and its key/value
+        group) share one stack, so an A factor read by layers of two output sizes is not stored twice."""
+        key = (pad, *(id(d) for d in a_decs))
+        if key not in cache:
+            attr = "eigvecs" if self.eigen else "inverse"
+            first = getattr(a_decs[0], attr)
+            dense = first is not None and first.dim() == 2
+            mats = stack_views(a_decs, attr, pad=pad) if dense else None
+            vec = stack_views(a_decs, "eigvals") if self.eigen else None if dense else stack_views(a_decs, attr)
+            cache[key] = (mats, vec)
+        return cache[key]
+
+    def _group(self, runs: list[list[str]], pairs: dict[str, Pair], damping: Damping,
+               a_stacks: dict[tuple[object, ...], _AStack]) -> _Group:
         names = [n for run in runs for n in run]
+        share = len(runs[0])
         a_decs, g_decs = [pairs[run[0]][0] for run in runs], [pairs[n][1] for n in names]
         pad = self._pad(a_decs[0])
+        a_mats, a_vec = self._a_stack(a_decs, pad, a_stacks)
         if self.eigen:
-            g_mats = stack_views(g_decs, "eigvecs")
-            a_mats = stack_views(a_decs, "eigvecs", pad=pad) if a_decs[0].eigvecs is not None else None
+            assert a_vec is not None
+            g_mats = stack_views(g_decs, "eigvecs") if g_decs[0].eigvecs is not None else None
             lam_g = stack_views(g_decs, "eigvals")
-            lam_a = stack_views(a_decs, "eigvals").repeat_interleave(len(runs[0]), 0)
+            lam_a = a_vec.repeat_interleave(share, 0)
             shift = eigen_shift(damping, lam_g, lam_a)
             scale = torch.baddbmm(shift, lam_g.unsqueeze(2), lam_a.unsqueeze(1)).reciprocal_()
             scale = torch.nn.functional.pad(scale, (0, pad)) if pad else scale  # padded columns stay zero
-            return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale, shift=shift,
-                          pad=pad)
-        g_mats = stack_views(g_decs, "inverse")
-        dense_a = a_decs[0].inverse is not None and a_decs[0].inverse.dim() == 2
-        a_mats = stack_views(a_decs, "inverse", pad=pad) if dense_a else None
-        scale = (torch.ones((), dtype=g_mats.dtype, device=g_mats.device) if dense_a
-                 else stack_views(a_decs, "inverse").repeat_interleave(len(runs[0]), 0).unsqueeze(1))
-        return _Group(layers=names, share=len(runs[0]), g_mats=g_mats, a_mats=a_mats, scale=scale, pad=pad)
+            return _Group(layers=names, share=share, g_mats=g_mats, a_mats=a_mats, scale=scale, dtype=lam_g.dtype,
+                          shift=shift, pad=pad)
+        g_inv = stack_views(g_decs, "inverse")
+        dense_g = g_inv.dim() == 3
+        if a_vec is None:
+            scale = torch.ones((), dtype=g_inv.dtype, device=g_inv.device)
+        else:  # a diagonal A: its damped inverse is a vector
+            scale = a_vec.repeat_interleave(share, 0).unsqueeze(1)
+        return _Group(layers=names, share=share, g_mats=g_inv if dense_g else None, a_mats=a_mats, scale=scale,
+                      dtype=g_inv.dtype, g_vec=None if dense_g else g_inv.unsqueeze(2), pad=pad)
 
     def apply(self, grads: dict[str, torch.Tensor], pairs: dict[str, Pair], *,
               damping: Damping) -> dict[str, torch.Tensor]:
@@ -131,19 +175,19 @@ class GroupedPreconditioner:
         assert self._groups is not None
         out: dict[str, torch.Tensor] = {}
         for group in self._groups:
-            v = torch.stack([grads[n] for n in group.layers]).to(group.g_mats.dtype)
+            v = torch.stack([grads[n] for n in group.layers]).to(group.dtype)
             if group.pad:
                 v = torch.nn.functional.pad(v, (0, group.pad))
             if self.eigen:
-                v = group.g_mats.transpose(1, 2) @ v
+                v = group.g_side(v, transpose=True)
                 if group.a_mats is not None:
                     v = group.a_side(v, transpose=False)
                 v = v * group.scale
                 if group.a_mats is not None:
                     v = group.a_side(v, transpose=True)
-                v = group.g_mats @ v
+                v = group.g_side(v, transpose=False)
             else:
-                v = group.g_mats @ v
+                v = group.g_side(v, transpose=False)
                 v = group.a_side(v, transpose=False) if group.a_mats is not None else v * group.scale
             if group.pad:
                 v = v[..., :-group.pad]

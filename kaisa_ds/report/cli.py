@@ -7,7 +7,8 @@ layer group's A and G factors at each decomposition against the damping (eigenva
 damping dominates that direction), the decomposition age, and skipped windows and failed decompositions; and the
 effectiveness check of each decomposition per layer group: the share of the gradient on which damping outweighs the
 curvature and the cosine between the preconditioned and the raw gradient (both near 1: K-FAC has become a rescaled
-gradient).
+gradient); and the coverage: the trainable parameters of each module type, preconditioned or not and why (also
+printed as text).
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in rows]
-    fig, axes = plt.subplots(2, 3, figsize=(18, 8))
-    nu, values, eig, faults, share, cosine = axes.flat
+    fig, axes = plt.subplots(2, 4, figsize=(24, 8))
+    nu, values, eig, covered, faults, share, cosine, spare = axes.flat
+    spare.axis("off")
+    _coverage(covered, next((r["coverage"] for r in rows if r.get("coverage")), None))
     nu.plot(steps, [r["kl_scale"] if r["kl_scale"] is not None else float("nan") for r in rows])
     nu.set(title="KL-clip scale ν (1: step not cut)", xlabel="step", ylim=(0, 1.05))
     mode = rows[-1].get("damping_mode", "absolute")
@@ -72,6 +75,39 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def coverage_lines(summary: dict[str, Any] | None) -> list[str]:
+    """The coverage of a run (``diagnostics_snapshot()["coverage"]``) as text: shares, then type by type."""
+    if not summary:
+        return ["coverage: not recorded (a run before 2026-12-02)"]
+    lines = [f"K-FAC preconditions {summary['preconditioned']:,} of {summary['trainable']:,} trainable parameters "
+             f"({summary['share']:.1%}; {summary['linear_share']:.1%} of the untied linear-like ones)"]
+    for type_name, verdicts in sorted(summary["by_type"].items(), key=lambda kv: -sum(kv[1].values())):
+        lines += [f"  {type_name:<32} {verdict:<16} {params:>14,}" for verdict, params in verdicts.items() if params]
+    lines += [f"  warning: {t} is not supported and holds {n:,} parameters" for t, n in
+              summary.get("heavy_unsupported", {}).items()]
+    lines += [f"  note: {note}" for note in summary.get("notes", [])]
+    return lines
+
+
+def _coverage(ax: Any, summary: dict[str, Any] | None) -> None:
+    """Horizontal bars: trainable parameters per module type, split by verdict."""
+    if not summary:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "coverage not recorded", ha="center")
+        return
+    types = sorted(summary["by_type"], key=lambda t: sum(summary["by_type"][t].values()))[-12:]
+    verdicts = sorted({v for t in types for v in summary["by_type"][t]})
+    left = [0.0] * len(types)
+    for verdict in verdicts:
+        widths = [summary["by_type"][t].get(verdict, 0) for t in types]
+        ax.barh(types, widths, left=left, label=verdict)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set(title=f"coverage: {summary['share']:.0%} of parameters, {summary['linear_share']:.0%} of linear-like",
+           xlabel="trainable parameters")
+    ax.tick_params(axis="y", labelsize=7)
+    ax.legend(fontsize=7)
 
 
 def _effectiveness(share: Any, cosine: Any, rows: list[dict[str, Any]]) -> None:
@@ -107,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or args.run_dir / "kfac_diagnostics.png"
     plot(rows, out, title=f"K-FAC diagnostics: {args.run_dir}")
     logger.info("wrote %s", out)
+    for line in coverage_lines(next((r["coverage"] for r in rows if r.get("coverage")), None)):
+        print(line)
     print(out)
     return 0
 

@@ -114,3 +114,99 @@ class TinyStack(nn.Module):
         for layer in self.layers[:-1]:
             x = torch.tanh(layer(x))
         return self.layers[-1](x)  # type: ignore[no-any-return]
+
+
+class TinyGQA(nn.Module):
+    """Grouped-query attention (Llama's q/k/v): the key and value projections are narrower than the query's and all
+    three read one input, so they share an A factor while their G factors differ in size; then an MLP reading the
+    same normalised input in parallel (GPT-J, Falcon, Phi), wider still."""
+
+    def __init__(self, vocab: int = 11, dim: int = 8, kv: int = 4, ffn: int = 12, n_out: int = 5) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv, bias=False)
+        self.v_proj = nn.Linear(dim, kv, bias=False)
+        self.fc_in = nn.Linear(dim, ffn, bias=False)
+        self.o_proj = nn.Linear(kv, dim)
+        self.fc_out = nn.Linear(ffn, dim)
+        self.head = nn.Linear(dim, n_out)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.emb(ids)
+        q, k, v = self.q_proj(h), self.k_proj(h), self.v_proj(h)
+        heads = q.shape[-1] // k.shape[-1]
+        q = q.reshape(*q.shape[:-1], heads, k.shape[-1]).mean(-2)  # the heads of one group read one key and value
+        att = torch.softmax(q @ k.transpose(-1, -2) / k.shape[-1] ** 0.5, dim=-1)
+        mlp = self.fc_out(torch.tanh(self.fc_in(h)))
+        return self.head(self.o_proj(att @ v) + mlp + h)
+
+
+class TinyGPT2Block(nn.Module):
+    """transformers' ``Conv1D`` (GPT-2's c_attn / c_proj / c_fc: the weight stored as (in, out)) with and without
+    a neighbouring ``nn.Linear``."""
+
+    def __init__(self, dim: int = 6, n_out: int = 4) -> None:
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.c_fc = Conv1D(2 * dim, dim)
+        self.c_proj = Conv1D(dim, 2 * dim)
+        self.head = nn.Linear(dim, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.c_proj(torch.tanh(self.c_fc(x))) + x)
+
+
+class TinySharedBlock(nn.Module):
+    """One Linear applied ``calls`` times per forward (ALBERT's one shared layer, a weight-tied block) between an
+    input and an output projection."""
+
+    def __init__(self, dim: int = 6, calls: int = 3, n_out: int = 4) -> None:
+        super().__init__()
+        self.calls = calls
+        self.inp = nn.Linear(dim, dim)
+        self.shared = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, n_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for _ in range(self.calls):
+            h = torch.tanh(self.shared(h)) + h
+        return self.out(h)
+
+
+class LearnedPositions(nn.Embedding):
+    """OPT's learned position table: called with the attention mask, it looks up the positions (plus an offset) it
+    computes from it."""
+
+    offset = 2
+
+    def __init__(self, positions: int, dim: int) -> None:
+        super().__init__(positions + self.offset, dim)
+
+    def forward(self, attention_mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        positions = (torch.cumsum(attention_mask, dim=1) * attention_mask - 1).long()
+        return super().forward(positions + self.offset)
+
+
+class ScaledWords(nn.Embedding):
+    """BART's and Gemma's scaled word embedding: the looked-up rows times ``embed_scale``."""
+
+    embed_scale = 3.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(ids) * self.embed_scale
+
+
+class TinyDecoderEmbeddings(nn.Module):
+    """Scaled word embeddings plus a learned position table read from the attention mask, then a Linear head."""
+
+    def __init__(self, vocab: int = 11, positions: int = 6, dim: int = 4, n_out: int = 3) -> None:
+        super().__init__()
+        self.words = ScaledWords(vocab, dim)
+        self.positions = LearnedPositions(positions, dim)
+        self.head = nn.Linear(dim, n_out)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(self.words(ids) + self.positions(attention_mask))

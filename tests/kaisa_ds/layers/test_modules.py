@@ -11,8 +11,10 @@ from kaisa_ds.layers.modules import ParamGradAccessor, helper_for, write_grads
 
 def _modules() -> list[nn.Module]:
     torch.manual_seed(0)
+    from transformers.pytorch_utils import Conv1D
+
     return [nn.Linear(5, 3), nn.Linear(4, 2, bias=False), nn.Conv2d(2, 3, kernel_size=2), nn.Embedding(7, 4),
-            nn.Linear(3, 2).to(torch.bfloat16)]
+            nn.Linear(3, 2).to(torch.bfloat16), Conv1D(3, 5)]
 
 
 def _fill_grads(modules: list[nn.Module]) -> None:

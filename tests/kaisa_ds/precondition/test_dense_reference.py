@@ -13,9 +13,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from kaisa_ds import KFACPreconditioner
-from tests.support.models import TinyConvNet, TinyMLP, TinyTransformerish, TinyTwoEmbeddings
+from tests.support.models import TinyConvNet, TinyGPT2Block, TinyGQA, TinyMLP, TinyTransformerish, TinyTwoEmbeddings
 
 DAMPING = 0.05
+
+
+def _conv1d_type() -> type[nn.Module]:
+    from transformers.pytorch_utils import Conv1D
+
+    return Conv1D
+
+
+def _kfac_modules(model: nn.Module) -> dict[str, nn.Module]:
+    kinds = (nn.Linear, nn.Conv2d, nn.Embedding, _conv1d_type())
+    return {n: m for n, m in model.named_modules() if isinstance(m, kinds)}
 
 
 def _vec(m: torch.Tensor) -> torch.Tensor:
@@ -77,8 +88,10 @@ def _reference_factors(module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> t
 
 def _grad_matrix(module: nn.Module) -> torch.Tensor:
     w = module.weight.grad.double()
+    if isinstance(module, (nn.Embedding, _conv1d_type())):  # both store the weight as (in, out)
+        w = w.t()
     if isinstance(module, nn.Embedding):
-        return w.t()
+        return w
     mat = w.reshape(w.shape[0], -1)
     if getattr(module, "bias", None) is not None:
         mat = torch.cat([mat, module.bias.grad.double().reshape(-1, 1)], 1)
@@ -90,6 +103,8 @@ CASES = {
     "linear-3d-embedding": (TinyTransformerish, lambda: torch.randint(0, 11, (3, 4))),
     "conv2d": (TinyConvNet, lambda: torch.randn(3, 2, 8, 8)),
     "embeddings-of-two-vocab-sizes": (TinyTwoEmbeddings, lambda: torch.randint(0, 11, (3, 4))),
+    "grouped-query-attention-and-parallel-mlp": (TinyGQA, lambda: torch.randint(0, 11, (3, 4))),
+    "transformers-conv1d": (TinyGPT2Block, lambda: torch.randn(3, 4, 6)),
 }
 
 
@@ -99,7 +114,7 @@ def test_matches_dense_kronecker_reference(case: str, method: str) -> None:
     torch.manual_seed(0)
     make_model, make_input = CASES[case]
     model = make_model()
-    modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
+    modules = _kfac_modules(model)
     rec = Recorder(modules)
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", compute_method=method,
                                  decomposition_dtype="fp64")
@@ -190,3 +205,37 @@ def test_kl_clip_scales_every_gradient_by_the_formula() -> None:
     clipped.step()
     for n, m in [("fc1", model2.fc1), ("fc2", model2.fc2)]:
         torch.testing.assert_close(_grad_matrix(m), pre[n] * nu, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["eigen", "inverse"])
+def test_factors_above_max_factor_dim_keep_their_diagonal_and_match_the_dense_reference(method: str) -> None:
+    """An LM head's vocabulary-sized G is too large to hold whole: above ``max_factor_dim`` a factor is its diagonal,
+    and the preconditioned gradient is the dense ``(A ⊗ G + γI)⁻¹`` of the diagonal factor (here fc1's A of 7 and
+    G of 8 are diagonal, fc2's A of 8 too, its G of 4 is whole)."""
+    torch.manual_seed(0)
+    model = TinyMLP()
+    modules = _kfac_modules(model)
+    rec = Recorder(modules)
+    precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", compute_method=method,
+                                 decomposition_dtype="fp64", max_factor_dim=5)
+    model(torch.randn(7, 6)).pow(2).mean().backward()
+    raw = {n: _grad_matrix(m) for n, m in modules.items()}
+    precond.step()
+    diagonal = {("fc1", "A"), ("fc1", "G"), ("fc2", "A")}
+    for name, module in modules.items():
+        a, g = _reference_factors(module, rec.inputs[name], rec.grads[name])
+        layer = precond.layers[name]
+        assert (layer.a.diagonal, layer.g.diagonal) == ((name, "A") in diagonal, (name, "G") in diagonal)
+        a = torch.diag(a.diagonal()) if layer.a.diagonal else a
+        g = torch.diag(g.diagonal()) if layer.g.diagonal else g
+        torch.testing.assert_close(layer.a_factor.double(), a, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(layer.g_factor.double(), g, rtol=1e-4, atol=1e-6)
+        grad = raw[name]
+        if method == "eigen":
+            dense = torch.kron(a, g) + DAMPING * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
+            want = _unvec(torch.linalg.solve(dense, _vec(grad)), *grad.shape)
+        else:
+            eye = lambda n: torch.eye(n, dtype=torch.float64)  # noqa: E731
+            want = torch.linalg.solve(g + DAMPING * eye(g.shape[0]), grad) @ torch.linalg.inv(
+                a + DAMPING * eye(a.shape[0]))
+        torch.testing.assert_close(_grad_matrix(module), want, rtol=2e-3, atol=1e-5)

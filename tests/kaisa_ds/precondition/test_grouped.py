@@ -56,3 +56,34 @@ def test_padding_is_off_on_the_cpu_by_default() -> None:
     pre = GroupedPreconditioner(eigen=True)
     pre.apply(grads, pairs, damping=Damping(DampingMode.ABSOLUTE, 0.1))
     assert all(g.pad == 0 and g.a_mats is not None and g.a_mats.shape[-1] == IN for g in pre._groups or [])
+
+
+@pytest.mark.parametrize("method", [ComputeMethod.EIGEN, ComputeMethod.INVERSE])
+def test_layers_of_different_output_sizes_reading_one_input_are_each_preconditioned_as_alone(
+        method: ComputeMethod) -> None:
+    """Grouped-query attention: a query of 4 outputs and a key and value of 2 read one A factor. Grouped together
+    they must give what each gives preconditioned alone, and the shared A is stacked once."""
+    damping = Damping(DampingMode.ABSOLUTE, 0.1)
+    sizes = {"q": OUT, "k": 2, "v": 2, "o": OUT}
+    factors = {"a_qkv": (_spd(IN, 0), False), "a_out": (_spd(IN, 1), False),
+               **{f"g_{n}": (_spd(d, 2 + i), False) for i, (n, d) in enumerate(sizes.items())}}
+
+    def fresh() -> tuple[dict, dict[str, torch.Tensor]]:
+        decs = decompose_all(factors, method=method, damping=damping, compute_dtype=torch.float32,
+                             out_dtype=torch.float32)
+        pairs = {n: (decs["a_qkv"] if n != "o" else decs["a_out"], decs[f"g_{n}"]) for n in sizes}
+        grads = {n: torch.randn(d, IN, generator=torch.Generator().manual_seed(10 + i))
+                 for i, (n, d) in enumerate(sizes.items())}
+        return pairs, grads
+
+    pairs, grads = fresh()
+    eigen = method is ComputeMethod.EIGEN
+    pre = GroupedPreconditioner(eigen=eigen)
+    together = pre.apply(grads, pairs, damping=damping)
+    for name in sizes:
+        alone_pairs, alone_grads = fresh()
+        alone = GroupedPreconditioner(eigen=eigen).apply(alone_grads, {name: alone_pairs[name]}, damping=damping)
+        assert together[name].shape == (sizes[name], IN)
+        torch.testing.assert_close(together[name], alone[name], rtol=1e-5, atol=1e-6)
+    a_stacks = {g.a_mats.untyped_storage().data_ptr() for g in pre._groups or [] if g.a_mats is not None}
+    assert len(a_stacks) == 2  # a_qkv once (read by the query group and the key/value group), a_out once
