@@ -27,7 +27,7 @@ from benchmarks.harness.options import STRATEGIES
 from benchmarks.harness.output import publish, table
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP, SIZES
-from kaisa_ds.plan.shapes import bert_shapes
+from kaisa_ds.plan.shapes import model_shapes
 from kaisa_ds.plan.summary import make_plan
 
 
@@ -36,7 +36,7 @@ def simulate(*, size: str, worlds: list[int], micro_batch: int, seq: int, option
     rows = []
     for name, fraction in STRATEGIES.items():
         config = KFACConfig(**{**options, "grad_worker_fraction": fraction})
-        shapes, _ = bert_shapes(size, config, seq=seq)
+        shapes, _ = model_shapes(size, config, seq=seq)
         for world in worlds:
             start = time.perf_counter()
             plan = make_plan(shapes, config, world=world, micro_batch=micro_batch, seq=seq)

@@ -75,11 +75,11 @@ def time_size(n: int, count: int, device: torch.device, repeats: int) -> dict[st
 def bert_factor_dims(size: str) -> dict[int, int]:
     """How many dense factors of each size K-FAC keeps for BERT with the phase-1 config's layers."""
     from kaisa_ds import KFACConfig
-    from kaisa_ds.plan.shapes import bert_shapes
+    from kaisa_ds.plan.shapes import model_shapes
 
     kfac = json.loads(PHASE1.read_text())["kfac"]
     cfg = KFACConfig(skip_layers=kfac["skip_layers"], symmetry_aware=kfac.get("symmetry_aware", False))
-    shapes, _ = bert_shapes(size, cfg, seq=128)
+    shapes, _ = model_shapes(size, cfg, seq=128)
     dims: dict[int, int] = {}
     for f in shapes.factors.values():
         if not f.diagonal:

@@ -32,8 +32,8 @@ from kaisa_ds.optim.select import is_lamb_config
 from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.memory import inv_dtype_label
-from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration
-from kaisa_ds.plan.shapes import bert_config, bert_shapes
+from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration, transformer_step_flops
+from kaisa_ds.plan.shapes import is_bert, max_positions, model_config, model_shapes
 from kaisa_ds.plan.summary import MEMORY_PARTS, make_plan
 
 MB = 2**20
@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m kaisa_ds.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="a BERT size (tiny, mini, base, large) or an HF folder with "
-                   "config.json")
+                   "config.json (any model type: Llama, GPT-2, T5, ...)")
     p.add_argument("--ds-config", type=Path, help="a DeepSpeed JSON: its kfac section and batch keys (flags win; "
                    "HF \"auto\" batch keys need --micro-batch / --passes)")
     p.add_argument("--world", type=int, required=True, help="number of ranks (GPUs)")
@@ -107,10 +107,12 @@ def _interval(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is neither 'auto' nor an integer") from None
 
 
-def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None) -> KFACConfig:
+def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None, *, bert: bool = True) -> KFACConfig:
+    """The run's K-FAC options: the JSON's section, then the flags; a BERT model's skip list defaults to KAISA's
+    (``bert_pretrain`` trains BERT so), any other model's to the library's (none)."""
     section = dict((ds or {}).get("kfac") or {})
     options = {key: v for key, v in section.items() if key not in ENGINE_KEYS}
-    if "skip_layers" not in options:
+    if "skip_layers" not in options and bert:
         options["skip_layers"] = list(KAISA_SKIP)
     flags = {"grad_worker_fraction": args.grad_worker_fraction, "factor_dtype": args.factor_dtype,
              "inv_dtype": args.inv_dtype, "factor_update_steps": args.factor_update_steps,
@@ -137,9 +139,10 @@ def check_options(args: argparse.Namespace, cfg: Any) -> None:
     if Path(args.model).is_dir() and args.vocab is not None and args.vocab != cfg.vocab_size:
         raise ValueError(f"--vocab {args.vocab} with --model {args.model}: the folder's config.json sets vocab_size "
                          f"{cfg.vocab_size}; --vocab is for a named size, leave it out")
-    if not 1 <= args.seq <= cfg.max_position_embeddings:
-        raise ValueError(f"--seq {args.seq} is outside 1..{cfg.max_position_embeddings} (the model's "
-                         f"max_position_embeddings); give a --seq in that range")
+    limit = max_positions(cfg)
+    if not 1 <= args.seq <= (limit or args.seq):
+        raise ValueError(f"--seq {args.seq} is outside 1..{limit} (the model's max_position_embeddings); give a "
+                         "--seq in that range")
     rates = {"--eigh-seconds": args.eigh_seconds, "--inverse-seconds": args.inverse_seconds,
              "--step-seconds": args.step_seconds, "--network-gbps": args.network_gbps}
     rated = [flag for flag, value in rates.items() if value not in (None, [])]
@@ -178,13 +181,14 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     ds = load_config(args.ds_config) if args.ds_config else None
     if ds is not None:
         _kfac_section(ds, str(args.ds_config))
-    config = kfac_config(args, ds)
+    model_cfg = model_config(args.model, vocab=args.vocab or DEFAULT_VOCAB)
+    config = kfac_config(args, ds, bert=is_bert(model_cfg))
     check_method_rates(args, config)
     batch = resolve_batch(ds, micro=args.micro_batch, passes=args.passes, world=args.world,
                           source=str(args.ds_config))
     micro, passes = batch.micro, batch.passes
-    check_options(args, bert_config(args.model, vocab=args.vocab or DEFAULT_VOCAB))
-    shapes, bert_cfg = bert_shapes(args.model, config, seq=args.seq, vocab=args.vocab or DEFAULT_VOCAB)
+    check_options(args, model_cfg)
+    shapes, model_cfg = model_shapes(args.model, config, seq=args.seq, vocab=args.vocab or DEFAULT_VOCAB)
     cal = read_calibration(args.calibration) if args.calibration else None
     step_seconds = args.step_seconds if args.step_seconds is not None else calibrated_step(
         cal, model=str(args.model), micro=micro, seq=args.seq, passes=passes)
@@ -192,9 +196,13 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
                        inverse_seconds=dict(args.inverse_seconds), step_seconds=step_seconds,
                        network_gbps=args.network_gbps)
     plan = make_plan(shapes, config, world=args.world, micro_batch=micro, seq=args.seq, passes=passes, rates=rates,
-                     baseline_flops=bert_step_flops(bert_cfg, micro_batch=micro, seq=args.seq, passes=passes),
+                     baseline_flops=(bert_step_flops if is_bert(model_cfg) else transformer_step_flops)(
+                         model_cfg, micro_batch=micro, seq=args.seq, passes=passes, shapes=shapes),
                      cpu_ranks=args.cpu_ranks)
     plan["model"] = str(args.model)
+    plan["model_type"] = model_cfg.model_type
+    if shapes.coverage is not None:
+        plan["coverage"] = shapes.coverage.summary()
     fraction = config.grad_worker_fraction
     plan["kfac"] = {"grad_worker_fraction": str(getattr(fraction, "value", fraction)),
                     "factor_dtype": str(config.factor_dtype),
@@ -209,12 +217,19 @@ def render(plan: dict[str, Any]) -> str:
     """The plan as text tables (MiB and KiB)."""
     k = plan["kfac"]
     auto = f" (auto: {plan['statistic_rows']} statistic rows per update)" if plan.get("inv_update_steps_auto") else ""
-    lines = [f"K-FAC plan: BERT {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, world "
+    lines = [f"K-FAC plan: {plan['model_type']} {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, world "
              f"{plan['world']}, {plan['strategy']} ({plan['grad_workers']} gradient workers per layer), micro-batch "
              f"{plan['micro_batch']}x{plan['seq']} x{plan['passes']} passes; factors every "
              f"{plan['factor_update_steps']}, decompositions every {plan['inv_update_steps']} steps{auto}; "
              f"factor_dtype {k['factor_dtype']}, inv_dtype {k['inv_dtype']}, {k['compute_method']}, symmetry_aware "
-             f"{k['symmetry_aware']}", "", "memory per rank (MiB)     busiest rank      mean"]
+             f"{k['symmetry_aware']}"]
+    if plan.get("coverage"):
+        c = plan["coverage"]
+        lines.append(f"coverage: {c['preconditioned']:,} of {c['trainable']:,} trainable parameters preconditioned "
+                     f"({c['share']:.1%}; {c['linear_share']:.1%} of the untied linear-like ones)"
+                     + "".join(f"; not preconditioned: {t} {n:,}" for t, n in c["heavy_unsupported"].items())
+                     + "".join(f"; {note}" for note in c["notes"]))
+    lines += ["", "memory per rank (MiB)     busiest rank      mean"]
     mem = plan["memory_bytes"]
     for part in MEMORY_PARTS:
         lines.append(f"  {part:<22}{mem['max_rank'][part] / MB:>14.1f}{mem['mean'][part] / MB:>10.1f}")

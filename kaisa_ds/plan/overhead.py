@@ -73,7 +73,7 @@ def rates_from(calibration: Mapping[str, Any] | None, *, gemm_gflops: float | No
                  network_gbps=network_gbps)
 
 
-def bert_step_flops(cfg: Any, *, micro_batch: int, seq: int, passes: int) -> float:
+def bert_step_flops(cfg: Any, *, micro_batch: int, seq: int, passes: int, shapes: Any = None) -> float:
     """Forward+backward FLOPs of a BERT pretraining step (3× forward: encoder GEMMs, attention scores and the
     MLM head at 15% of the positions); the baseline the overhead is a share of when no step time is given."""
     h, inter, layers, vocab = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
@@ -81,3 +81,10 @@ def bert_step_flops(cfg: Any, *, micro_batch: int, seq: int, passes: int) -> flo
     encoder = 2 * tokens * layers * (4 * h * h + 2 * h * inter) + 4 * micro_batch * seq * seq * h * layers
     head = 2 * math.ceil(0.15 * tokens) * (h * h + h * vocab)
     return 3.0 * (encoder + head) * passes
+
+
+def transformer_step_flops(cfg: Any, *, micro_batch: int, seq: int, passes: int, shapes: Any) -> float:
+    """Forward+backward FLOPs of any transformer's step from its K-FAC layers' shapes: ``6 · tokens ·`` the weights
+    of its preconditioned layers (embedding tables cost no GEMM), a floor that leaves attention scores out."""
+    weights = sum(ly.out * ly.inp for ly in shapes.layers.values() if not ly.embedding)
+    return 6.0 * micro_batch * seq * weights * passes

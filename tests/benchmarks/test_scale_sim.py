@@ -8,7 +8,7 @@ from pathlib import Path
 from benchmarks.scale_sim import main
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
-from kaisa_ds.plan.shapes import bert_shapes
+from kaisa_ds.plan.shapes import model_shapes
 from kaisa_ds.plan.summary import make_plan
 
 
@@ -29,7 +29,7 @@ def test_small_worlds_every_strategy(tmp_path: Path) -> None:
 
 def test_hybrid_opt_at_64_ranks_is_within_10_percent_of_its_bound() -> None:
     config = KFACConfig(grad_worker_fraction="hybrid-opt", skip_layers=KAISA_SKIP)
-    shapes, _ = bert_shapes("large", config, seq=128)
+    shapes, _ = model_shapes("large", config, seq=128)
     plan = make_plan(shapes, config, world=64, micro_batch=64, seq=128)
     assert 1.2 < plan["decomposition_imbalance_bound"] < 1.3  # one 4096-wide factor outweighs a rank's mean share
     assert plan["decomposition_imbalance"] <= 1.1 * plan["decomposition_imbalance_bound"]

@@ -17,7 +17,7 @@ from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.plan.balance import assign
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 from kaisa_ds.plan.memory import memory_per_rank
-from kaisa_ds.plan.shapes import bert_shapes
+from kaisa_ds.plan.shapes import model_shapes
 from kaisa_ds.plan.summary import make_plan
 from tests.support.launch import run_distributed
 
@@ -89,7 +89,7 @@ def test_plan_equals_measured_memory_and_traffic(world: int) -> None:
     for i, options in enumerate(CONFIGS[world]):
         cfg = config(options)
         ranks = [m[i] for m in measured]
-        shapes, _ = bert_shapes(SIZE, cfg, seq=SEQ, vocab=VOCAB)
+        shapes, _ = model_shapes(SIZE, cfg, seq=SEQ, vocab=VOCAB)
         workers = resolve_grad_workers(cfg.grad_worker_fraction, world, cpu_ranks=True)  # type: ignore[arg-type]
         a = assign(shapes, world=world, grad_workers=workers)
         assert a.inverse_worker == ranks[0]["inverse_worker"] and a.unit_group == ranks[0]["unit_group"], options

@@ -204,3 +204,27 @@ def test_a_word_other_than_auto_for_the_interval_is_refused_by_flag(capsys: pyte
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--world", "2", "--inv-update-steps", "often"])
     assert "--inv-update-steps" in capsys.readouterr().err
+
+
+def test_any_transformers_model_plans_from_its_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GPT-2's Conv1D (weight stored (in, out)) and Llama's grouped-query attention (a key and value narrower than
+    the query, all reading one input) in the planner's shapes, with the coverage the run would log."""
+    from transformers import GPT2Config, LlamaConfig
+
+    GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=1000).save_pretrained(tmp_path / "gpt2")
+    LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=20000).save_pretrained(tmp_path / "llama")
+    main(["--model", str(tmp_path / "gpt2"), "--world", "2", "--json"])
+    gpt2 = json.loads(capsys.readouterr().out)
+    assert gpt2["model_type"] == "gpt2" and gpt2["layers"] == 2 * 4 + 1  # c_attn, c_proj, c_fc, mlp.c_proj; wpe
+    assert gpt2["coverage"]["by_type"]["Conv1D"] == {"preconditioned": 2 * (64 * 192 + 192 + 64 * 64 + 64 + 2 * (
+        64 * 256) + 256 + 64)}
+    assert gpt2["coverage"]["linear_share"] == 1.0  # the LM head is tied to wte: out of both sides
+    main(["--model", str(tmp_path / "llama"), "--world", "2", "--json"])
+    llama = json.loads(capsys.readouterr().out)
+    assert llama["layers"] == 2 * 7 + 2 and llama["factors"] == 2 * (7 + 4) + 4  # q/k/v share an A, gate/up too
+    assert llama["coverage"]["linear_share"] == 1.0 and llama["coverage"]["share"] > 0.99  # all but the norms
+    assert any("G 20,000 > max_factor_dim" in note for note in llama["coverage"]["notes"])  # the untied LM head
+    main(["--model", str(tmp_path / "llama"), "--world", "2"])
+    text = capsys.readouterr().out
+    assert text.startswith("K-FAC plan: llama") and "coverage: " in text
