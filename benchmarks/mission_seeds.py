@@ -3,7 +3,7 @@ curves in one plot. One ``python -m mission`` run is one seed; a claim about the
 
     for s in 0 1 2; do python -m mission --seed $s --output runs/mission_seed$s; done
     python -m benchmarks.mission_seeds runs/mission_seed0 runs/mission_seed1 runs/mission_seed2 \\
-        --out benchmarks/results/mission/seeds
+        --out runs/mission_seeds
 
 Runs must share every setting but the seed (and the SQuAD files' paths, which live in each run's folder).
 """

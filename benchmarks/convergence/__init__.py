@@ -1,2 +1,2 @@
 """Convergence benchmark: LAMB vs. LAMB + K-FAC BERT pretraining through bert_pretrain, tuned and reported on
-disjoint parts of one text (see cli.py for the commands, benchmarks/README.md for the method)."""
+disjoint parts of one text (see cli.py for the commands, docs/studies/defaults.md for the method)."""

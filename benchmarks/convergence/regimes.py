@@ -93,18 +93,20 @@ REGIMES = {
 # Large: the final runs' statistics use 1/16 of the tokens (tuned with 1/4): benchmarks.accuracy at this regime's
 # batch and damping puts the capture at 0.10 of full statistics' time against 0.28, for a preconditioned-gradient
 # error of 22% against 12% (cosine 0.97 against 0.99); pass subsets of the window cost more accuracy for the same
-# time (benchmarks/README.md, accuracy).
-# 450 steps, not 300: at 300 one LAMB seed left the unigram plateau only at step 265
-# (results/convergence/large/superseded_wikitext_300steps). On WikiText-2 valid alone, 450 steps overfit its
-# 150k-word training part (superseded_wikitext_300steps/probe_450steps: training MLM 3.5 against a held-out 5.8
-# that rises after step ~285), so this regime pools it with the SQuAD dev articles' contexts (~310k training words).
+# time (docs/studies/accuracy.md).
+# 450 steps, not 300: at 300 one LAMB seed left the unigram plateau only at step 265 (records in
+# results/convergence/large/superseded_wikitext_300steps at commit aec5cce). On WikiText-2 valid alone, 450 steps
+# overfit its 150k-word training part (its probe_450steps: training MLM 3.5 against a held-out 5.8 that rises after
+# step ~285), so this regime pools it with the SQuAD dev articles' contexts (~310k training words).
 # Dampings: BERT's MLM loss is a mean over the masked tokens, so G's eigenvalues are tiny (≤ ~1e-4 in the kfac
-# diagnostics of these runs, A's ≤ ~80): a damping of 1e-3 or 1e-2 outweighs every λ_G·λ_A and turns K-FAC into a scaled
-# identity, which is what the first grid (1e-3, 1e-2) did (its K-FAC curves lay on LAMB's). See benchmarks/README.md.
+# diagnostics of these runs, A's ≤ ~80): a damping of 1e-3 or 1e-2 outweighs every λ_G·λ_A and turns K-FAC into a
+# scaled identity, which is what the first grid (1e-3, 1e-2) did (its K-FAC curves lay on LAMB's;
+# git show aec5cce:benchmarks/README.md).
 # BERT-tiny, not BERT-mini: on 2 CPU cores a BERT-mini LAMB step of 32 × 64 tokens takes ~1.1 s, and 600 such steps
-# did not take LAMB off the unigram plateau (benchmarks/README.md), so 3 seeds × 2 optimizers × 2 regimes of runs
-# long enough for that cannot fit the final comparison's 2 hours. `--model-size mini` runs the same protocol on it:
-# in the large regime a BERT-mini run takes ~16.5 min and LAMB leaves the plateau (results/convergence/mini).
+# did not take LAMB off the unigram plateau (git show aec5cce:benchmarks/README.md), so 3 seeds × 2 optimizers × 2
+# regimes of runs long enough for that cannot fit the final comparison's 2 hours. `--model-size mini` runs the same
+# protocol on it: in the large regime a BERT-mini run takes ~16.5 min and LAMB leaves the plateau
+# (results/convergence/mini).
 
 
 QUICK_UNITS = 12  # --quick splits only the pooled sources' first units
