@@ -18,10 +18,11 @@ from benchmarks.convergence.analysis import spread
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
-TABLE_HEADER = "| case | command, time | **time to LAMB's final** |"
+TABLE_HEADER = "| case | command, time, record | **time to LAMB's final** |"
 SPREAD = re.compile(r"^(?P<mean>\d+\.\d+) ± (?P<std>\d+\.\d+)(?: \((?P<seeds>[^)]*)\))?")
 REACHED = re.compile(r"^(?P<k>\d+) of (?P<n>\d+) \((?P<seeds>[^)]*)\)")
 RECORD_LINK = re.compile(r"\[record\]\(([^)]+)\)")
+PAGE_LINK = re.compile(r"\]\((docs/studies/[^)#]+\.md)\)")
 
 
 def headline_rows() -> list[list[str]]:
@@ -78,10 +79,15 @@ def check_best(cell: str, seeds: list[dict[str, float | None]], *, what: str) ->
 ROWS = headline_rows()
 
 
-def test_the_table_has_every_case_with_a_record() -> None:
+def test_the_table_has_every_case_with_a_record_and_its_page() -> None:
     assert len(ROWS) >= 7
     for cells in ROWS:
-        assert RECORD_LINK.search(cells[1]), f"row {cells[0]!r} links no record"
+        record = RECORD_LINK.search(cells[1])
+        page = PAGE_LINK.search(cells[-1])
+        assert record, f"row {cells[0]!r} links no record"
+        assert page and (REPO / page[1]).is_file(), f"row {cells[0]!r} links no study page"
+        cited = (REPO / page[1]).read_text(encoding="utf-8")
+        assert record[1].removeprefix("benchmarks/results/") in cited, f"{page[1]} does not cite {record[1]}"
 
 
 @pytest.mark.parametrize("cells", ROWS, ids=[cells[0][:40] for cells in ROWS])
