@@ -29,8 +29,7 @@ from benchmarks.harness.cli import parser
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
 from benchmarks.harness.output import publish, table
-from kaisa_ds.config import Damping
-from kaisa_ds.decomposition.damping import factor_shift
+from kaisa_ds.damping import Damping, factor_shift
 from kaisa_ds.enums import DampingMode
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
 

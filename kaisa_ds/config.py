@@ -10,13 +10,19 @@ from typing import Any
 
 import torch
 
+from kaisa_ds.damping import (
+    DEFAULT_ABSOLUTE_DAMPING,
+    DEFAULT_RELATIVE_DAMPING,
+    GRAFTED_RELATIVE_DAMPING,
+    Damping,
+    damping_conflict,
+)
 from kaisa_ds.enums import (
     ComputeMethod,
     DampingMode,
     DistributedStrategy,
     Grafting,
     LossReduction,
-    damping_conflict,
     parse_count,
     parse_dtype,
     parse_enum,
@@ -34,31 +40,11 @@ from kaisa_ds.schedules import (
 )
 
 GradWorkerFraction = float | DistributedStrategy | str
-# Relative damping when none is given, × each layer's mean eigenvalue of A ⊗ G: 100 for KAISA's ungrafted step (the
-# tuned dampings: ~95 at large batch, ~6e4 small, results/damping_scale.json); 10 under grafting (defaults_rule_7.md).
-DEFAULT_RELATIVE_DAMPING = 100.0
-GRAFTED_RELATIVE_DAMPING = 10.0
-DEFAULT_ABSOLUTE_DAMPING = 0.001  # ``damping_mode="absolute"`` without ``damping``: the old library default
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 # Factors up to this size are kept whole: BERT-Large's 4,096 and GPT-2 XL's 6,400 are, an LM head's vocabulary is not
 # (an 8,192² FP32 factor is 256 MiB, its eigendecomposition about a second on a GPU)
 DEFAULT_MAX_FACTOR_DIM = 8192
 
-@dataclass(frozen=True)
-class Damping:
-    """The damping in force at one step: its value and what it is measured against (:class:`DampingMode`). How it
-    shifts each layer's curvature is :mod:`kaisa_ds.decomposition.damping`."""
-
-    mode: DampingMode
-    value: float
-
-    @property
-    def relative(self) -> bool:
-        return self.mode is DampingMode.RELATIVE
-
-    def describe(self) -> str:
-        return (f"relative_damping={self.value:g} (× each layer's mean eigenvalue of A ⊗ G)" if self.relative
-                else f"damping={self.value:g} (absolute)")
 
 
 @dataclass

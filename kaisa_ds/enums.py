@@ -134,24 +134,6 @@ def parse_dtype(value: torch.dtype | str | None, *, name: str, allow_none: bool 
                      (" or None" if allow_none else ""))
 
 
-def damping_conflict(damping: Any, relative: Any, mode: Any, *, prefix: str) -> str | None:
-    """Why the damping options given contradict each other (None when they do not); names ``prefix + key``."""
-    if damping is not None and relative is not None:
-        return (f"{prefix}damping and {prefix}relative_damping are both given: {prefix}damping is absolute, "
-                f"{prefix}relative_damping is relative to each layer's curvature scale; keep one of them")
-    try:
-        parsed = parse_enum(DampingMode, mode, name="damping_mode") if mode else None
-    except ValueError:
-        parsed = None  # not a mode at all: the field's own check names it
-    if parsed is DampingMode.RELATIVE and damping is not None:
-        return (f"{prefix}damping_mode='relative' with {prefix}damping given ({prefix}damping is absolute): give "
-                f"{prefix}relative_damping instead, or drop {prefix}damping_mode")
-    if parsed is DampingMode.ABSOLUTE and relative is not None:
-        return (f"{prefix}damping_mode='absolute' with {prefix}relative_damping given: give {prefix}damping "
-                f"instead, or drop {prefix}damping_mode")
-    return None
-
-
 def parse_share(name: str, value: Any, of_what: str) -> float:
     """A share in (0, 1] as a float; ValueError naming ``name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:

@@ -27,7 +27,6 @@ from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import ComputeMethod, LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.sampling import PassSampler, RowSampler
-from kaisa_ds.factors.statistics import Rows, keep_all
 from kaisa_ds.layers import coverage
 from kaisa_ds.layers.discovery import KFACLayer, discover
 from kaisa_ds.layers.hooks import HookCapture
@@ -92,7 +91,6 @@ class KFACPreconditioner:
         self._reducer: WindowReducer | None = None
         self._capture_cache: tuple[int, bool] = (-1, False)
         self.capture = HookCapture(enabled=self._capturing, on_input=self._on_input, on_output_grad=self._on_grad)
-        self.candidates: dict[str, KFACLayer]
         self.candidates, self.coverage = discover(model, self.config)
         self.discovered_info = layer_info(self.candidates)
         self._attach_all()
@@ -119,13 +117,6 @@ class KFACPreconditioner:
         """The loss scale in force (``config.loss_scale()``; 1 without one): gradients are divided by it."""
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
 
-    def _select(self, pass_index: int) -> Rows:
-        """The rows of this pass that feed a factor: all of them, or the sampler's subset."""
-        if not self.sampler.active:
-            return keep_all
-        sampler, step = self.sampler, self.steps
-        return lambda rows: sampler.rows(rows, step=step, pass_index=pass_index)
-
     def _on_input(self, name: str, inp: torch.Tensor, pass_id: int | None) -> None:
         layer = self.layers.get(name)
         if layer is None or (layer.unit != name and layer.a.already_counted(inp)):
@@ -136,7 +127,8 @@ class KFACPreconditioner:
             self._reducer.check_open(layer.a)
         index = layer.a.pass_index(pass_id)
         if self.pass_sampler.keeps(step=self.steps, pass_index=index):
-            layer.a.add(*layer.helper.a_statistic(inp, self._select(index)), pass_id=pass_id)
+            rows = self.sampler.selector(step=self.steps, pass_index=index)
+            layer.a.add(*layer.helper.a_statistic(inp, rows), pass_id=pass_id)
         else:
             layer.a.skip_pass(pass_id=pass_id)
         layer.a.mark_counted(inp)
@@ -149,7 +141,7 @@ class KFACPreconditioner:
             self._reducer.check_open(layer.g)
         index = layer.g.pass_index(pass_id)
         if self.pass_sampler.keeps(step=self.steps, pass_index=index):
-            stat, count = layer.helper.g_statistic(grad, self._select(index))
+            stat, count = layer.helper.g_statistic(grad, self.sampler.selector(step=self.steps, pass_index=index))
             per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
             layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count, pass_id=pass_id)
         else:
@@ -185,9 +177,8 @@ class KFACPreconditioner:
             logger.warning("K-FAC: skipping %s: its forward hook never fired (the module is not called "
                            "directly, e.g. nn.MultiheadAttention.out_proj)", name)
             self.capture.detach(name)
-        self.coverage = self.coverage.not_called(set(never)).called(self.capture.multi_call)
-        if self.rank == 0:
-            coverage.report(self.coverage)
+        self.coverage = coverage.settle(self.coverage, never=set(never), calls=self.capture.multi_call,
+                                        log=self.rank == 0)
         self.diagnostics.coverage = self.coverage.summary()
         self.structure = structure
         self._reducer = WindowReducer({n: (ly.a, ly.g) for n, ly in structure.layers.items()}, config=self.config,

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kaisa_ds.config import Damping
-from kaisa_ds.decomposition.damping import factor_shift
+from kaisa_ds.damping import Damping, factor_shift
 from kaisa_ds.enums import ComputeMethod, DampingMode
 
 logger = logging.getLogger(__name__)
@@ -29,7 +28,7 @@ BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call
 class Decomposition:
     """Eigen method: ``F = Q diag(λ) Qᵀ`` (Q is None for a diagonal factor).
     Inverse method: ``inverse = (F + γ·I)⁻¹`` (a vector for a diagonal factor), ``γ`` from
-    :func:`~kaisa_ds.decomposition.damping.factor_shift`."""
+    :func:`~kaisa_ds.damping.factor_shift`."""
 
     eigvecs: torch.Tensor | None = None
     eigvals: torch.Tensor | None = None

@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from kaisa_ds.factors.statistics import Rows, keep_all
+
 _MIX = 1_000_003  # a prime, to fold (step, pass, n) into one generator seed
 
 
@@ -53,6 +55,12 @@ class RowSampler:
             g = torch.Generator().manual_seed(seed % (2**63))
             self._cache[key] = torch.randperm(n, generator=g)[:k].sort().values.to(device, non_blocking=True)
         return self._cache[key]
+
+    def selector(self, *, step: int, pass_index: int) -> Rows:
+        """What picks the rows of one pass that feed a factor: all of them, or this sampler's subset."""
+        if not self.active:
+            return keep_all
+        return lambda rows: self.rows(rows, step=step, pass_index=pass_index)
 
     def rows(self, x: torch.Tensor, *, step: int, pass_index: int) -> torch.Tensor:
         """The sampled rows of a (samples, features) matrix (``x`` itself at fraction 1)."""

@@ -156,6 +156,15 @@ class Coverage:
         return rows
 
 
+def settle(coverage: Coverage, *, never: set[str], calls: dict[str, int], log: bool) -> Coverage:
+    """The coverage once the first window has shown which layers are called (``never``: not at all; ``calls``:
+    several times per pass), logged and warned about (:func:`report`) when ``log``."""
+    settled = coverage.not_called(never).called(calls)
+    if log:
+        report(settled)
+    return settled
+
+
 def report(coverage: Coverage) -> None:
     """Log the coverage (info) and warn about what a user would not expect: an unsupported module type holding more
     than :data:`WARN_SHARE` of the parameters, or most linear-like parameters left out."""

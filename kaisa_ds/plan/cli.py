@@ -217,9 +217,9 @@ def render(plan: dict[str, Any]) -> str:
     """The plan as text tables (MiB and KiB)."""
     k = plan["kfac"]
     auto = f" (auto: {plan['statistic_rows']} statistic rows per update)" if plan.get("inv_update_steps_auto") else ""
-    lines = [f"K-FAC plan: {plan['model_type']} {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, world "
-             f"{plan['world']}, {plan['strategy']} ({plan['grad_workers']} gradient workers per layer), micro-batch "
-             f"{plan['micro_batch']}x{plan['seq']} x{plan['passes']} passes; factors every "
+    lines = [f"K-FAC plan: {plan['model_type']} {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, "
+             f"world {plan['world']}, {plan['strategy']} ({plan['grad_workers']} gradient workers per layer), "
+             f"micro-batch {plan['micro_batch']}x{plan['seq']} x{plan['passes']} passes; factors every "
              f"{plan['factor_update_steps']}, decompositions every {plan['inv_update_steps']} steps{auto}; "
              f"factor_dtype {k['factor_dtype']}, inv_dtype {k['inv_dtype']}, {k['compute_method']}, symmetry_aware "
              f"{k['symmetry_aware']}"]

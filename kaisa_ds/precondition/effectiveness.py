@@ -20,8 +20,7 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from kaisa_ds.config import Damping
-from kaisa_ds.decomposition.damping import factor_shift
+from kaisa_ds.damping import Damping, factor_shift
 from kaisa_ds.layers.discovery import KFACLayer
 from kaisa_ds.layers.groups import layer_group
 

@@ -3,7 +3,7 @@ eigenvalue denominators.
 
 Eigen method: ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + γ)] Q_Aᵀ``. Inverse method: ``(G + γ_G·I)⁻¹ ∇
 (A + γ_A·I)⁻¹`` (the shifts were added at decomposition). ``γ`` is per layer: absolute, or relative to the
-layer's own eigenvalues (:mod:`kaisa_ds.decomposition.damping`).
+layer's own eigenvalues (:mod:`kaisa_ds.damping`).
 Diagonal factors (embedding inputs) have no eigenvectors: their rotation is the identity.
 
 Between two decompositions only the gradients change, so everything else a step needs is built once:
@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kaisa_ds.config import Damping
-from kaisa_ds.decomposition.damping import eigen_shift
+from kaisa_ds.damping import Damping, eigen_shift
 from kaisa_ds.decomposition.decompose import Decomposition, stack_views
 
 Pair = tuple[Decomposition, Decomposition]  # (A, G)

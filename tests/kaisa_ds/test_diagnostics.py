@@ -152,7 +152,7 @@ def test_layers_with_empty_factors_are_named(caplog: pytest.LogCaptureFixture) -
 
 
 def test_preconditioning_that_points_away_from_the_gradient_warns_once(caplog: pytest.LogCaptureFixture) -> None:
-    from kaisa_ds.config import Damping
+    from kaisa_ds.damping import Damping
     from kaisa_ds.enums import DampingMode
     from kaisa_ds.precondition.effectiveness import warn
 

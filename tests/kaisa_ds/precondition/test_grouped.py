@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kaisa_ds.config import Damping
+from kaisa_ds.damping import Damping
 from kaisa_ds.decomposition.decompose import decompose_all, storage_bytes
 from kaisa_ds.enums import ComputeMethod, DampingMode
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
