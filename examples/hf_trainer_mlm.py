@@ -8,9 +8,7 @@ trains on generated sentences. ``--vocab FILE`` uses a given BERT vocab.txt; oth
 learned on the text (deterministically) and saved as ``--output``/vocab.txt. ``--resume`` continues from the newest
 checkpoint in ``--output`` and reuses the vocabulary saved there (a different one would change the token ids).
 
-The script stays standalone but builds its tokenizer with ``bert_pretrain.data.tokenizer`` (the one home for it):
-``BertTokenizerFast(vocab_file=...)`` is silently ignored by transformers 5 (a 5-token, all-[UNK] tokenizer), and
-the helpers refuse a vocabulary too small for the text or one that turns the text into [UNK].
+Its text, vocabulary and their checks are examples/text_data.py's, shared with hf_trainer_causal_lm.py.
 
 Every flag is used or refused before a rank starts: too little --text for one optimizer step, --vocab-size with
 --vocab, --cased with an uncased vocabulary (also the one a --resume reuses). Batch size, accumulation and --bf16
@@ -22,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-# bert_pretrain (the tokenizer's home) is not part of the kaisa_ds wheel: it is imported from this checkout, whose
-# root a launcher running this file by path does not put on sys.path (torchrun; the deepspeed launcher adds the
-# working directory only)
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # text_data, beside this file (also when loaded by path)
 
 import torch
 from datasets import Dataset
+from text_data import VOCAB_SIZE, DataError, build_tokenizer, check_blocks, generated_lines, read_lines
 from transformers import (
     BertConfig,
     BertForMaskedLM,
@@ -44,25 +38,6 @@ from transformers import (
 )
 
 import kaisa_ds  # K-FAC
-from bert_pretrain.data.documents import read_documents
-from bert_pretrain.data.errors import DataError
-from bert_pretrain.data.tokenizer import (
-    check_coverage,
-    check_vocab_size,
-    count_unknown,
-    load_tokenizer,
-    train_vocab,
-    vocab_digest,
-)
-
-
-def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
-    """Sentences with some structure to learn, for a run without a corpus."""
-    rng = random.Random(seed)
-    things = ["river", "castle", "engine", "garden", "library", "harbour", "forest", "market"]
-    verbs = ["crosses", "guards", "powers", "borders", "holds", "faces", "shelters", "feeds"]
-    return [f"the {rng.choice(things)} {rng.choice(verbs)} the {rng.choice(things)} near the "
-            f"{rng.choice(things)} in {rng.randint(1800, 2000)} ." for _ in range(count)]
 
 
 def blocks(lines: list[str], tokenizer: Any, length: int) -> Dataset:
@@ -72,59 +47,6 @@ def blocks(lines: list[str], tokenizer: Any, length: int) -> Dataset:
     rows = [[tokenizer.cls_token_id, *ids[i:i + body], tokenizer.sep_token_id]
             for i in range(0, len(ids) - body + 1, body)]
     return Dataset.from_dict({"input_ids": rows})
-
-
-def read_lines(path: Path) -> list[str]:
-    """The sentences of --text (WikiText's @-@ marks undone by bert_pretrain's reader, the one home for them). Its
-    errors name bert_pretrain's flag, --data; here the file came from --text."""
-    try:
-        return [sentence for doc in read_documents([path]) for sentence in doc]
-    except DataError as exc:
-        raise DataError(re.sub(r"^--data\b", "--text", str(exc))) from exc
-
-
-def check_blocks(count: int, args: argparse.Namespace, *, world: int) -> None:
-    """Refuse text that does not fill one optimizer step (the Trainer would repeat the few blocks it has)."""
-    step = args.batch_size * args.grad_accum * world
-    if count < step:
-        raise DataError(f"--text {args.text or '(generated)'}: {count} blocks of --seq-len {args.seq_len} tokens, but "
-                        f"one optimizer step takes --batch-size {args.batch_size} x --grad-accum {args.grad_accum} x "
-                        f"{world} rank(s) = {step}; give more text, or lower --seq-len, --batch-size or --grad-accum")
-
-
-def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> Any:
-    """The tokenizer of this run, saved as --output/vocab.txt; a --resume reuses the saved one (a vocabulary learned
-    or given again could have other ids than the checkpoint's embeddings) and refuses a --vocab that differs."""
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    saved = out / "vocab.txt"
-    lower = not args.cased
-    learned = False
-    if args.resume and saved.is_file():
-        if args.vocab is not None and vocab_digest(args.vocab) != vocab_digest(saved):
-            raise DataError(f"--vocab {args.vocab} differs from {saved}, the vocabulary the checkpoint was trained "
-                            "with; resume without --vocab (or with that file), or start a new --output")
-        if args.vocab_size is not None:
-            print(f"--resume reuses {saved}; --vocab-size {args.vocab_size} applies only to a new vocabulary")
-        vocab = saved
-    elif args.vocab is not None:
-        vocab = args.vocab
-        if vocab.resolve() != saved.resolve():
-            saved.write_bytes(vocab.read_bytes())
-    else:
-        vocab = train_vocab([lines], out, vocab_size=args.vocab_size or VOCAB_SIZE, lower_case=lower)
-        learned = True
-    # a given or reused vocabulary must match --cased (a learned one follows it)
-    tokenizer = load_tokenizer(vocab, lower_case=lower, check_case=not learned)
-    check_vocab_size(tokenizer, source=str(vocab))
-    unknown, total = count_unknown(tokenizer, lines)
-    share = check_coverage(unknown=unknown, total=total, data=str(args.text or "generated text"), source=str(vocab),
-                           max_unk_rate=0.05, rate_flag="(the example's limit)")
-    print(f"vocabulary {vocab}: {len(tokenizer)} tokens, [UNK] {share:.2%} of {total} tokens")
-    return tokenizer
-
-
-VOCAB_SIZE = 4000  # of a vocabulary learned on the text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

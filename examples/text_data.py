@@ -1,0 +1,96 @@
+"""Text and vocabulary for the Trainer examples (hf_trainer_mlm.py, hf_trainer_causal_lm.py): their --text read
+as sentences, the tokenizer learned on it or given (and reused on --resume), and the refusal of text that does not
+fill one optimizer step. Every check runs on every rank before the ranks meet.
+
+The tokenizer is built with ``bert_pretrain.data.tokenizer`` (the one home for it):
+``BertTokenizerFast(vocab_file=...)`` is silently ignored by transformers 5 (a 5-token, all-[UNK] tokenizer), and the
+helpers refuse a vocabulary too small for the text or one that turns the text into [UNK].
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+# bert_pretrain is not part of the kaisa_ds wheel: it is imported from this checkout, whose root a launcher running
+# an example by path does not put on sys.path (torchrun; the deepspeed launcher adds the working directory only)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bert_pretrain.data.documents import read_documents
+from bert_pretrain.data.errors import DataError
+from bert_pretrain.data.tokenizer import (
+    check_coverage,
+    check_vocab_size,
+    count_unknown,
+    load_tokenizer,
+    train_vocab,
+    vocab_digest,
+)
+
+__all__ = ["VOCAB_SIZE", "DataError", "build_tokenizer", "check_blocks", "generated_lines", "read_lines"]
+
+
+def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
+    """Sentences with some structure to learn, for a run without a corpus."""
+    rng = random.Random(seed)
+    things = ["river", "castle", "engine", "garden", "library", "harbour", "forest", "market"]
+    verbs = ["crosses", "guards", "powers", "borders", "holds", "faces", "shelters", "feeds"]
+    return [f"the {rng.choice(things)} {rng.choice(verbs)} the {rng.choice(things)} near the "
+            f"{rng.choice(things)} in {rng.randint(1800, 2000)} ." for _ in range(count)]
+
+
+def read_lines(path: Path) -> list[str]:
+    """The sentences of --text (WikiText's @-@ marks undone by bert_pretrain's reader, the one home for them). Its
+    errors name bert_pretrain's flag, --data; here the file came from --text."""
+    try:
+        return [sentence for doc in read_documents([path]) for sentence in doc]
+    except DataError as exc:
+        raise DataError(re.sub(r"^--data\b", "--text", str(exc))) from exc
+
+
+def check_blocks(count: int, args: argparse.Namespace, *, world: int) -> None:
+    """Refuse text that does not fill one optimizer step (the Trainer would repeat the few blocks it has)."""
+    step = args.batch_size * args.grad_accum * world
+    if count < step:
+        raise DataError(f"--text {args.text or '(generated)'}: {count} blocks of --seq-len {args.seq_len} tokens, but "
+                        f"one optimizer step takes --batch-size {args.batch_size} x --grad-accum {args.grad_accum} x "
+                        f"{world} rank(s) = {step}; give more text, or lower --seq-len, --batch-size or --grad-accum")
+
+
+def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> Any:
+    """The tokenizer of this run, saved as --output/vocab.txt; a --resume reuses the saved one (a vocabulary learned
+    or given again could have other ids than the checkpoint's embeddings) and refuses a --vocab that differs."""
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    saved = out / "vocab.txt"
+    lower = not args.cased
+    learned = False
+    if args.resume and saved.is_file():
+        if args.vocab is not None and vocab_digest(args.vocab) != vocab_digest(saved):
+            raise DataError(f"--vocab {args.vocab} differs from {saved}, the vocabulary the checkpoint was trained "
+                            "with; resume without --vocab (or with that file), or start a new --output")
+        if args.vocab_size is not None:
+            print(f"--resume reuses {saved}; --vocab-size {args.vocab_size} applies only to a new vocabulary")
+        vocab = saved
+    elif args.vocab is not None:
+        vocab = args.vocab
+        if vocab.resolve() != saved.resolve():
+            saved.write_bytes(vocab.read_bytes())
+    else:
+        vocab = train_vocab([lines], out, vocab_size=args.vocab_size or VOCAB_SIZE, lower_case=lower)
+        learned = True
+    # a given or reused vocabulary must match --cased (a learned one follows it)
+    tokenizer = load_tokenizer(vocab, lower_case=lower, check_case=not learned)
+    check_vocab_size(tokenizer, source=str(vocab))
+    unknown, total = count_unknown(tokenizer, lines)
+    share = check_coverage(unknown=unknown, total=total, data=str(args.text or "generated text"), source=str(vocab),
+                           max_unk_rate=0.05, rate_flag="(the example's limit)")
+    print(f"vocabulary {vocab}: {len(tokenizer)} tokens, [UNK] {share:.2%} of {total} tokens")
+    return tokenizer
+
+
+VOCAB_SIZE = 4000  # of a vocabulary learned on the text
