@@ -60,3 +60,11 @@ def test_effectiveness_is_plotted_and_old_logs_still_plot(tmp_path: Path) -> Non
               for r in rows]  # metrics.jsonl written before the effectiveness check
     (old / "metrics.jsonl").write_text("".join(json.dumps({"step": r["step"], "kfac": r}) + "\n" for r in legacy))
     assert main([str(old)]) == 0 and (old / "kfac_diagnostics.png").is_file()
+
+
+def test_report_prints_the_coverage_the_run_logged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_dir(tmp_path, steps=2)
+    assert main([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "K-FAC preconditions 227 of 227 trainable parameters (100.0%" in out  # TinyTransformerish: 5 layers
+    assert "Linear" in out and "Embedding" in out
