@@ -100,7 +100,7 @@ def simulate(*, layers: int, world: int, fraction: float, factor_bytes: int, inv
 
 def _fill(precond: Any, inv_dtype: torch.dtype) -> None:
     """Random factors (every rank holds all) and decompositions (the ones this rank holds), in place."""
-    from kaisa_ds.decomposition.decompose import Decomposition
+    from kaisa_ds.decomposition.tensors import Decomposition
 
     s = precond.ensure_structure()
     gen = torch.Generator().manual_seed(precond.rank)

@@ -85,3 +85,10 @@ def factor_shift(damping: Damping, factor: torch.Tensor, *, diagonal: bool) -> t
     mean = factor.mean(-1) if diagonal else factor.diagonal(dim1=-2, dim2=-1).mean(-1)
     shift = (math.sqrt(damping.value) * mean).clamp_min(FLOOR)
     return shift.unsqueeze(-1) if diagonal else shift.unsqueeze(-1).unsqueeze(-1)
+
+
+DampingLike = float | Damping  # a bare number is absolute damping
+
+
+def as_damping(damping: DampingLike) -> Damping:
+    return damping if isinstance(damping, Damping) else Damping(DampingMode.ABSOLUTE, float(damping))

@@ -18,13 +18,14 @@ from torch import nn
 from kaisa_ds.checkpoint.restore import restore_state
 from kaisa_ds.checkpoint.state import export_state
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, storage_bytes
+from kaisa_ds.decomposition.registry import method_for
+from kaisa_ds.decomposition.tensors import Decomposition, storage_bytes
 from kaisa_ds.diagnostics import Diagnostics
 from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import cpu_ranks, on_any_rank, rank, world_size
 from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.distributed.reduction import WindowReducer
-from kaisa_ds.enums import ComputeMethod, LossReduction
+from kaisa_ds.enums import LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
 from kaisa_ds.factors.sampling import PassSampler, RowSampler
 from kaisa_ds.layers import coverage
@@ -76,7 +77,7 @@ class KFACPreconditioner:
         self.needs_decomposition = False  # a loaded state lacked some decompositions
         self.statistic_rows: int | None = None  # rows per factor update over every rank ("auto" interval)
         self.structure: LayerStructure | None = None
-        self.grouped = GroupedPreconditioner(eigen=self.config.method is ComputeMethod.EIGEN)
+        self.grouped = GroupedPreconditioner(method_for(self.config.method))
         self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
         self.pass_sampler = PassSampler(fraction=self.config.factor_pass_fraction,
                                         passes=self.config.accumulation_steps)

@@ -17,8 +17,9 @@ from typing import Protocol
 import torch
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, decompose_all, from_tensors
+from kaisa_ds.decomposition.decompose import decompose_all, from_tensors
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
+from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
 from kaisa_ds.distributed.collectives import sum_over_ranks
 from kaisa_ds.distributed.reduction import WindowReducer
@@ -212,7 +213,7 @@ def check_effectiveness(p: StepOwner, s: LayerStructure, grads: dict[str, torch.
     measured = {n for n, ly in s.layers.items()
                 if s.preconditions(n, p.rank) and ly.a.name in decs and ly.g.name in decs}
     figures = effectiveness.measure(s.layers, grads, pre, measured=measured, damping=damping, world=p.world,
-                                    shifts=p.grouped.shifts() if p.grouped.eigen else None)
+                                    shifts=p.grouped.shifts())
     empty = effectiveness.empty_layers(s.layers)
     warned = (effectiveness.warn(figures, empty=empty, damping=damping, warned=p.diagnostics.warned)
               if p.rank == 0 else set())

@@ -19,7 +19,8 @@ from torch import nn
 
 from kaisa_ds.checkpoint.state import StateOwner, saved_method, validate_state
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, from_tensors, layout
+from kaisa_ds.decomposition.decompose import from_tensors, layout
+from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.layers.discovery import KFACLayer, discover_layers
 from kaisa_ds.structure import LayerStructure, build_structure

@@ -41,7 +41,7 @@ from kaisa_ds.checkpoint.state import (
     state_header,
     validate_saved_state,
 )
-from kaisa_ds.decomposition.decompose import Decomposition
+from kaisa_ds.decomposition.tensors import Decomposition
 
 
 class ShardOwner(StateOwner, Protocol):

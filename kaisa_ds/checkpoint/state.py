@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import torch
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import Decomposition, layout
+from kaisa_ds.decomposition.decompose import layout
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
+from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.distributed.collectives import broadcast_flat
 from kaisa_ds.enums import ComputeMethod, parse_count, parse_enum
 from kaisa_ds.structure import LayerStructure, layer_info

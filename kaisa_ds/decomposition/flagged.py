@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kaisa_ds.decomposition.decompose import Decomposition, layout
+from kaisa_ds.decomposition.decompose import layout
+from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.enums import ComputeMethod
 
 

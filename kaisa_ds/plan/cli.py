@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.decomposition.registry import METHODS, method_for
 from kaisa_ds.engine.ds_config import ENGINE_KEYS, KFACSection, check_supported, load_config, parse_kfac_section
-from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.optim.select import is_lamb_config
 from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
@@ -153,12 +153,12 @@ def check_options(args: argparse.Namespace, cfg: Any) -> None:
 
 def check_method_rates(args: argparse.Namespace, config: KFACConfig) -> None:
     """A decomposition timing for the method the run does not use would be ignored: refuse it."""
-    eigen = config.method is ComputeMethod.EIGEN
-    unused = "--inverse-seconds" if eigen else "--eigh-seconds"
-    if getattr(args, unused[2:].replace("-", "_")):
-        other = ComputeMethod.INVERSE if eigen else ComputeMethod.EIGEN
-        raise ValueError(f"{unused} with compute_method {config.method.value}: the run makes no such "
-                         f"decompositions; leave it out, or set --compute-method {other.value}")
+    reads = method_for(config.method).rate_flag
+    for kind, impl in METHODS.items():
+        unused = impl.rate_flag
+        if unused != reads and getattr(args, unused[2:].replace("-", "_")):
+            raise ValueError(f"{unused} with compute_method {config.method.value}: the run makes no such "
+                             f"decompositions; leave it out, or set --compute-method {kind.value}")
 
 
 def calibrated_step(cal: dict[str, Any] | None, *, model: str, micro: int, seq: int, passes: int) -> float | None:

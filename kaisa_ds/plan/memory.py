@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.decomposition.decompose import layout
+from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.distributed.assignment import Assignment
 from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.plan.shapes import ModelShapes
@@ -69,34 +69,14 @@ class RankMemory:
 
 def decomposition_numel(dim: int, diagonal: bool, *, method: ComputeMethod) -> int:
     """Elements of one factor's decomposition (eigenvectors and eigenvalues, or the inverse)."""
-    total = 0
-    for shape in layout(dim, diagonal=diagonal, method=method):
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total
+    return method_for(method).numel(dim, diagonal=diagonal)
 
 
 def denominator_numel(shapes: ModelShapes, layers: list[str], *, method: ComputeMethod) -> int:
-    """Elements of GroupedPreconditioner's cache for the layers one rank preconditions.
-
-    Eigen: one ``(out, in)`` matrix per layer. Inverse: a diagonal A's inverse per layer, or one scalar per
-    group of layers with equal shapes (and equal sharing of their A factor).
-    """
-    if method is ComputeMethod.EIGEN:
-        return sum(shapes.layers[n].grad_numel for n in layers)
-    readers: dict[str, int] = {}
-    for n in layers:
-        readers[shapes.layers[n].a] = readers.get(shapes.layers[n].a, 0) + 1
-    total, groups = 0, set()
-    for n in layers:
-        ly = shapes.layers[n]
-        if shapes.factors[ly.a].diagonal:
-            total += ly.inp
-        else:
-            groups.add((ly.out, ly.inp, readers[ly.a]))
-    return total + len(groups)
+    """Elements of GroupedPreconditioner's cache for the layers one rank preconditions (the method's, per layer)."""
+    impl = method_for(method)
+    return sum(impl.denominator_numel(shapes.layers[n].out, shapes.layers[n].inp,
+                                      a_diagonal=shapes.factors[shapes.layers[n].a].diagonal) for n in layers)
 
 
 def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACConfig, *,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.enums import ComputeMethod
 
 
@@ -29,15 +30,8 @@ class Rates:
     network_gbps: float | None = None  # per-rank bandwidth for the collectives (None: not counted)
 
     def decomposition_seconds(self, n: int, *, diagonal: bool, method: ComputeMethod) -> float:
-        if diagonal:
-            return 0.0  # a vector operation: negligible
-        eigen = method is ComputeMethod.EIGEN
-        table = self.eigh_seconds if eigen else self.inverse_seconds
-        if not table:
-            kind = "eigh" if eigen else "inverse"
-            raise ValueError(f"no {kind} timing: give --{kind}-seconds SIZE=SECONDS or --calibration")
-        m = min(table, key=lambda size: abs(math.log(size / n)))
-        return table[m] * (n / m) ** 3
+        """The method's predicted time for one factor of size ``n`` (a diagonal one is a negligible vector op)."""
+        return 0.0 if diagonal else method_for(method).seconds(n, rates=self)
 
     def gemm_seconds(self, flops: float) -> float:
         return flops / (self.gemm_gflops * 1e9)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
-from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.factors.sampling import kept_passes, kept_rows
 from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank, planned_inv_dtype
@@ -71,7 +71,7 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
     rows = tokens * config.factor_sample_fraction
     stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
-    per_flop = 4 if method is ComputeMethod.EIGEN else 2
+    per_flop = method_for(method).matmuls_per_step
     precondition = [0.0] * a.world
     decompose = [0.0] * a.world
     for ly in shapes.layers.values():

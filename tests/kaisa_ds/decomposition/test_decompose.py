@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kaisa_ds.decomposition.decompose import decompose, decompose_all, spd_inverse
+from kaisa_ds.decomposition.decompose import decompose, decompose_all
+from kaisa_ds.decomposition.inverse import spd_inverse
 from kaisa_ds.enums import ComputeMethod
 
 
@@ -81,7 +82,7 @@ def test_a_factor_rounded_below_its_damping_gets_a_positive_definite_inverse() -
 
 def test_in_a_batch_only_the_indefinite_factor_leaves_cholesky(caplog: pytest.LogCaptureFixture,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from kaisa_ds.decomposition import decompose as module
+    from kaisa_ds.decomposition import inverse as module
 
     monkeypatch.setattr(module, "_WARNED_SIZES", set())  # once per size and process: earlier tests may have warned
     bad = torch.diag(torch.tensor([2.0, 1.0, -0.5]))  # a "factor" with an eigenvalue below -shift

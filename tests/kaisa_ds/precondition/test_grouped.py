@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from kaisa_ds.damping import Damping
-from kaisa_ds.decomposition.decompose import decompose_all, storage_bytes
+from kaisa_ds.decomposition.decompose import decompose_all
+from kaisa_ds.decomposition.registry import method_for
+from kaisa_ds.decomposition.tensors import storage_bytes
 from kaisa_ds.enums import ComputeMethod, DampingMode
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 
@@ -34,15 +36,15 @@ def _setup(method: ComputeMethod) -> tuple[dict, dict[str, torch.Tensor]]:
 def test_padding_odd_a_sizes_leaves_every_preconditioned_gradient_unchanged(method: ComputeMethod) -> None:
     damping = Damping(DampingMode.ABSOLUTE, 0.1)
     pairs, grads = _setup(method)
-    plain = GroupedPreconditioner(eigen=method is ComputeMethod.EIGEN, align=1).apply(grads, pairs, damping=damping)
+    plain = GroupedPreconditioner(method_for(method), align=1).apply(grads, pairs, damping=damping)
     pairs, grads = _setup(method)
-    padded_pre = GroupedPreconditioner(eigen=method is ComputeMethod.EIGEN, align=8)
+    padded_pre = GroupedPreconditioner(method_for(method), align=8)
     padded = padded_pre.apply(grads, pairs, damping=damping)
     assert all(g.shape == (OUT, IN) for g in padded.values())
     for name in plain:
         torch.testing.assert_close(padded[name], plain[name], rtol=1e-5, atol=1e-6)
     # the stacks the matmuls read are aligned, and the decompositions view them (no second copy)
-    a_mats = [g.a_mats for g in padded_pre._groups or []]
+    a_mats = [g.a_mat for g in padded_pre._groups or []]
     assert a_mats and all(m is not None and m.shape[-1] % 8 == 0 and m.shape[-2] % 8 == 0 for m in a_mats)
     a_decs = [pairs["q"][0], pairs["o"][0]]
     attr = "eigvecs" if method is ComputeMethod.EIGEN else "inverse"
@@ -53,9 +55,9 @@ def test_padding_odd_a_sizes_leaves_every_preconditioned_gradient_unchanged(meth
 
 def test_padding_is_off_on_the_cpu_by_default() -> None:
     pairs, grads = _setup(ComputeMethod.EIGEN)
-    pre = GroupedPreconditioner(eigen=True)
+    pre = GroupedPreconditioner(method_for(ComputeMethod.EIGEN))
     pre.apply(grads, pairs, damping=Damping(DampingMode.ABSOLUTE, 0.1))
-    assert all(g.pad == 0 and g.a_mats is not None and g.a_mats.shape[-1] == IN for g in pre._groups or [])
+    assert all(g.pad == 0 and g.a_mat is not None and g.a_mat.shape[-1] == IN for g in pre._groups or [])
 
 
 @pytest.mark.parametrize("method", [ComputeMethod.EIGEN, ComputeMethod.INVERSE])
@@ -77,13 +79,12 @@ def test_layers_of_different_output_sizes_reading_one_input_are_each_preconditio
         return pairs, grads
 
     pairs, grads = fresh()
-    eigen = method is ComputeMethod.EIGEN
-    pre = GroupedPreconditioner(eigen=eigen)
+    pre = GroupedPreconditioner(method_for(method))
     together = pre.apply(grads, pairs, damping=damping)
     for name in sizes:
         alone_pairs, alone_grads = fresh()
-        alone = GroupedPreconditioner(eigen=eigen).apply(alone_grads, {name: alone_pairs[name]}, damping=damping)
+        alone = GroupedPreconditioner(method_for(method)).apply(alone_grads, {name: alone_pairs[name]}, damping=damping)
         assert together[name].shape == (sizes[name], IN)
         torch.testing.assert_close(together[name], alone[name], rtol=1e-5, atol=1e-6)
-    a_stacks = {g.a_mats.untyped_storage().data_ptr() for g in pre._groups or [] if g.a_mats is not None}
+    a_stacks = {g.a_mat.untyped_storage().data_ptr() for g in pre._groups or [] if g.a_mat is not None}
     assert len(a_stacks) == 2  # a_qkv once (read by the query group and the key/value group), a_out once
