@@ -43,6 +43,7 @@ class Diagnostics:
     unpreconditioned: list[str] = field(default_factory=list)  # layers the last measurement could not precondition
     warned: set[str] = field(default_factory=set)  # kinds of effectiveness warnings already logged
     coverage: dict[str, Any] | None = None  # what share of the model is preconditioned (set at the first step)
+    method_report: dict[str, float] = field(default_factory=dict)  # what the last decomposition round did (this rank)
 
     def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float,
                     damping_mode: DampingMode) -> None:
@@ -90,7 +91,9 @@ class Diagnostics:
         return name, self.consecutive_failures[name]
 
     def snapshot(self, step: int, *, skipped_windows: int) -> dict[str, Any]:
-        """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync)."""
+        """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync): ν, damping (and its mode) and lr
+        in force, decomposition age, skipped/failed counts, min/max eigenvalues per layer group held here, the last
+        decomposition's effectiveness check and round, and the coverage."""
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
@@ -101,4 +104,5 @@ class Diagnostics:
             "effectiveness": {k: dict(v) for k, v in self.effectiveness.items()},
             "unpreconditioned_layers": list(self.unpreconditioned),
             "coverage": self.coverage,
+            "decomposition_round": dict(self.method_report),
         }

@@ -14,11 +14,14 @@ class ComputeMethod(str, enum.Enum):
     """How a layer's Kronecker factors are turned into a preconditioner (``KFACConfig.compute_method``).
 
     ``eigen`` (the default): eigendecompositions of A and G; the damping is added to the eigenvalues of ``A ⊗ G``
-    at preconditioning, so changing it needs no new decomposition. ``inverse``: damped inverses
-    ``(A + γ_A I)⁻¹`` and ``(G + γ_G I)⁻¹``, cheaper to apply, the damping fixed at decomposition.
+    at preconditioning, so changing it needs no new decomposition. ``eigen-refresh``: the same eigenbasis, exact
+    once, then updated from the basis in force (a few matmuls and a QR, or kept where it is still right;
+    :mod:`kaisa_ds.decomposition.refresh`). ``inverse``: damped inverses ``(A + γ_A I)⁻¹`` and ``(G + γ_G I)⁻¹``,
+    cheaper to apply, the damping fixed at decomposition.
     """
 
     EIGEN = "eigen"
+    EIGEN_REFRESH = "eigen-refresh"
     INVERSE = "inverse"
 
 

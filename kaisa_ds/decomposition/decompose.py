@@ -16,11 +16,13 @@ from collections.abc import Mapping
 import torch
 
 from kaisa_ds.damping import Damping, DampingLike, as_damping
+from kaisa_ds.decomposition.method import DecompositionMethod
 from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.enums import ComputeMethod
 
 logger = logging.getLogger(__name__)
+MethodLike = ComputeMethod | DecompositionMethod  # the configured kind, or a preconditioner's own instance
 BATCH_BYTES = 256 * 2**20  # the most factor bytes stacked into one batched call (a temporary copy)
 
 
@@ -39,7 +41,7 @@ def _cast(dec: Decomposition, dtype: torch.dtype) -> Decomposition:
 
 
 def decompose(
-    factor: torch.Tensor, *, method: ComputeMethod, diagonal: bool, damping: DampingLike, compute_dtype: torch.dtype,
+    factor: torch.Tensor, *, method: MethodLike, diagonal: bool, damping: DampingLike, compute_dtype: torch.dtype,
     out_dtype: torch.dtype, name: str = "factor", previous: Decomposition | None = None,
 ) -> Decomposition | None:
     """Decompose one factor; None when both the requested precision and FP64 fail."""
@@ -64,7 +66,7 @@ def _batches(names: list[str], dim: int) -> list[list[str]]:
 
 
 def decompose_all(
-    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: ComputeMethod, damping: DampingLike,
+    factors: Mapping[str, tuple[torch.Tensor, bool]], *, method: MethodLike, damping: DampingLike,
     compute_dtype: torch.dtype, out_dtype: torch.dtype, previous: Mapping[str, Decomposition] | None = None,
 ) -> dict[str, Decomposition | None]:
     """Decompose ``{name: (factor, diagonal)}``; dense factors of equal size go through one batched call.
@@ -76,6 +78,8 @@ def decompose_all(
     out: dict[str, Decomposition | None] = {}
     by_dim: dict[int, list[str]] = {}
     previous = previous or {}
+    method = method_for(method)  # one instance for every batch: its report is this round's
+    method.start_round()
     for name, (value, diagonal) in factors.items():
         if diagonal:
             out[name] = decompose(value, method=method, diagonal=True, damping=damping, compute_dtype=compute_dtype,
@@ -99,7 +103,7 @@ def _stacked_previous(previous: Mapping[str, Decomposition], names: list[str],
                          eigvals=torch.stack([d.eigvals.to(dtype) for d in decs]))  # type: ignore[union-attr]
 
 
-def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: ComputeMethod,
+def _decompose_batch(factors: Mapping[str, tuple[torch.Tensor, bool]], names: list[str], *, method: MethodLike,
                      damping: Damping, compute_dtype: torch.dtype, out_dtype: torch.dtype,
                      previous: Mapping[str, Decomposition]) -> dict[str, Decomposition | None]:
     def one_by_one() -> dict[str, Decomposition | None]:

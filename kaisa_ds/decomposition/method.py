@@ -116,6 +116,15 @@ class DecompositionMethod(ABC):
     def denominator_numel(self, out: int, inp: int, *, a_diagonal: bool) -> int:
         """Elements of the per-layer cache :meth:`prepare` keeps for a layer of ``(out, inp)`` (0: per group)."""
 
+    def start_round(self) -> None:
+        """A decomposition round begins (:func:`~kaisa_ds.decomposition.decompose.decompose_all`): :meth:`report`
+        describes the calls from here on."""
+        return None  # nothing to reset for a method that keeps no counts
+
+    def report(self) -> dict[str, float]:
+        """What the method did in its last decomposition round, for the diagnostics (nothing by default)."""
+        return {}
+
     @abstractmethod
     def prepare(self, stacks: Stacks, damping: Damping) -> None:
         """Fill what :meth:`apply` multiplies by from the stacked decompositions (once per decomposition, and for

@@ -28,6 +28,7 @@ from typing import Any
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.registry import METHODS, method_for
 from kaisa_ds.engine.ds_config import ENGINE_KEYS, KFACSection, check_supported, load_config, parse_kfac_section
+from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.optim.select import is_lamb_config
 from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
@@ -156,6 +157,8 @@ def check_method_rates(args: argparse.Namespace, config: KFACConfig) -> None:
     reads = method_for(config.method).rate_flag
     for kind, impl in METHODS.items():
         unused = impl.rate_flag
+        if kind is ComputeMethod.EIGEN_REFRESH:
+            continue  # reads the eigh timings too (its first decomposition, fallbacks)
         if unused != reads and getattr(args, unused[2:].replace("-", "_")):
             raise ValueError(f"{unused} with compute_method {config.method.value}: the run makes no such "
                              f"decompositions; leave it out, or set --compute-method {kind.value}")
