@@ -1,5 +1,5 @@
 """The curvature scale of BERT-tiny's K-FAC factors on the convergence study's tune part, and the tuned absolute
-dampings expressed as relative ones: the measurement behind ``kaisa_ds.config.DEFAULT_RELATIVE_DAMPING``.
+dampings expressed as relative ones: the measurement behind ``kaisa_ds.damping.DEFAULT_RELATIVE_DAMPING``.
 
 For each regime of :mod:`benchmarks.convergence.regimes` (its sequence length, its global batch in one process
 and its accumulation passes, the loss averaged over the passes), an untrained BERT-tiny sees ``--windows``

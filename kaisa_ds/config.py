@@ -10,13 +10,7 @@ from typing import Any
 
 import torch
 
-from kaisa_ds.damping import (
-    DEFAULT_ABSOLUTE_DAMPING,
-    DEFAULT_RELATIVE_DAMPING,
-    GRAFTED_RELATIVE_DAMPING,
-    Damping,
-    damping_conflict,
-)
+from kaisa_ds.damping import Damping, damping_conflict, in_force
 from kaisa_ds.enums import (
     ComputeMethod,
     DampingMode,
@@ -31,6 +25,7 @@ from kaisa_ds.enums import (
 )
 from kaisa_ds.schedules import (
     AUTO,
+    DECOMPOSITION_BUDGET,
     SCHEDULED,
     ScheduleLike,
     auto_inv_update_steps,
@@ -61,8 +56,11 @@ class KFACConfig:
     Args:
         factor_update_steps: steps between factor updates (statistics captured and folded into the running average).
         inv_update_steps: steps between decompositions of the factors (eigendecompositions or damped inverses);
-            ``"auto"``: set once from the statistic rows a factor update takes in (10 to 50 steps: longer for small,
-            noisy batches; :func:`~kaisa_ds.schedules.auto_inv_update_steps`).
+            ``"auto"``: set from the statistic rows a factor update takes in (10 to 50 steps: longer for small,
+            noisy batches), then lengthened if need be so that decompositions cost at most ``decomposition_budget``
+            of a step, timed once on the run's own steps (:func:`~kaisa_ds.schedules.auto_inv_update_steps`).
+        decomposition_budget: the share of a training step decompositions may cost under ``inv_update_steps``
+            ``"auto"``.
         damping: absolute damping ``γ``, added to the eigenvalues of ``A ⊗ G`` (eigen) or to each factor's diagonal
             (inverse) as given; None: relative damping.
         relative_damping: damping as a multiple of each layer's mean eigenvalue of ``A ⊗ G``, so scaling the loss
@@ -123,6 +121,7 @@ class KFACConfig:
     factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
     max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
+    decomposition_budget: float = DECOMPOSITION_BUDGET
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +162,8 @@ class KFACConfig:
                                                 "the factors")
         parse_count("max_decomposition_failures", self.max_decomposition_failures,
                     meaning="the consecutive failed decompositions of one factor after which training stops")
+        self.decomposition_budget = parse_share("decomposition_budget", self.decomposition_budget,
+                                                "of a training step decompositions may cost")
         parse_count("max_factor_dim", self.max_factor_dim, allow_none=True,
                     meaning="the largest factor kept whole; larger ones keep their diagonal")
         if self.loss_scale is not None and not callable(self.loss_scale):
@@ -206,17 +207,19 @@ class KFACConfig:
         """Whether ``inv_update_steps`` is ``"auto"`` (set by the statistic rows per factor update)."""
         return self.inv_update_steps == AUTO
 
-    def inv_update_steps_at(self, step: int, *, rows: int | None) -> int:
+    def inv_update_steps_at(self, step: int, *, rows: int | None, cost: int | None = None) -> int:
         """The decomposition interval in force at a step: the value given, or the ``"auto"`` interval for
-        ``rows`` statistic rows per factor update (None, not known yet: its ceiling).
+        ``rows`` statistic rows per factor update (None, not known yet: its ceiling) and the cost rule's ``cost``.
 
         Args:
             step: the K-FAC step the interval is for.
             rows: statistic rows one factor update takes in over every rank (ignored unless ``"auto"``).
+            cost: the cost rule's interval once the decompositions were timed (ignored unless ``"auto"``).
         """
         if not self.auto_interval:
             return int(self.value("inv_update_steps", step))
-        return auto_inv_update_steps(rows=rows, factor_update_steps=self.value("factor_update_steps", step))
+        return auto_inv_update_steps(rows=rows, factor_update_steps=self.value("factor_update_steps", step),
+                                     cost=cost)
 
     @property
     def mode(self) -> DampingMode:
@@ -231,12 +234,11 @@ class KFACConfig:
         Args:
             step: the K-FAC step the damping is for.
         """
-        if self.mode is DampingMode.ABSOLUTE:
-            value = DEFAULT_ABSOLUTE_DAMPING if self.damping is None else self.value("damping", step)
-        else:
-            default = GRAFTED_RELATIVE_DAMPING if self.grafting is Grafting.GRADIENT else DEFAULT_RELATIVE_DAMPING
-            value = default if self.relative_damping is None else self.value("relative_damping", step)
-        return Damping(self.mode, float(value))
+        absolute = self.mode is DampingMode.ABSOLUTE
+        given = self.damping if absolute else self.relative_damping
+        return in_force(self.mode, given=None if given is None else self.value("damping" if absolute else
+                                                                               "relative_damping", step),
+                        grafted=self.grafting is Grafting.GRADIENT)
 
     @property
     def storage_dtype(self) -> torch.dtype | None:

@@ -87,6 +87,15 @@ def factor_shift(damping: Damping, factor: torch.Tensor, *, diagonal: bool) -> t
     return shift.unsqueeze(-1) if diagonal else shift.unsqueeze(-1).unsqueeze(-1)
 
 
+def in_force(mode: DampingMode, *, given: float | None, grafted: bool) -> Damping:
+    """The damping in force in ``mode``: the value ``given`` (already range-checked), else the mode's default
+    (relative: :data:`GRAFTED_RELATIVE_DAMPING` under grafting, :data:`DEFAULT_RELATIVE_DAMPING` without)."""
+    if given is None:
+        given = (DEFAULT_ABSOLUTE_DAMPING if mode is DampingMode.ABSOLUTE
+                 else GRAFTED_RELATIVE_DAMPING if grafted else DEFAULT_RELATIVE_DAMPING)
+    return Damping(mode, float(given))
+
+
 DampingLike = float | Damping  # a bare number is absolute damping
 
 

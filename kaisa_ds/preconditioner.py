@@ -35,7 +35,7 @@ from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccess
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.step import STAGES, StepOutcome, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info, layers_device
-from kaisa_ds.timing import StageTimer
+from kaisa_ds.timing import StageTimer, StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +46,15 @@ class KFACPreconditioner:
     ``optimizer.step()``: it replaces each layer's gradient by ``(A ⊗ G + γI)⁻¹ ∇``, KL-clipped.
 
     Args:
-        model: the model whose trainable ``nn.Linear``, ``nn.Conv2d`` and ``nn.Embedding`` modules are preconditioned
-            (capture hooks are attached to them here).
+        model: the model whose supported modules are preconditioned (hooks are attached here; docs/models.md).
         config: every option at once (:class:`~kaisa_ds.config.KFACConfig`); None: the defaults.
         grad_accessor: where gradients are read and written (:class:`~kaisa_ds.layers.modules.GradAccessor`);
             None: ``param.grad``. Engines pass their own.
         options: :class:`~kaisa_ds.config.KFACConfig` fields as keywords; they override ``config``'s.
 
     Read, never assign: ``config``, ``steps`` (K-FAC steps taken), ``skipped_windows``, ``layers``, ``structure``,
-    ``decompositions``, ``world``, ``rank``, ``grad_workers``, ``statistic_rows``; :meth:`load_state_dict`,
-    :meth:`drop_window` and :meth:`use_decompositions` are the ways to change them.
+    ``decompositions``, ``world``, ``rank``, ``grad_workers``, ``statistic_rows``, ``cost_interval``, ``coverage``;
+    :meth:`load_state_dict`, :meth:`drop_window` and :meth:`use_decompositions` are the ways to change them.
     """
 
     def __init__(self, model: nn.Module, *, config: KFACConfig | None = None,
@@ -76,6 +75,8 @@ class KFACPreconditioner:
         self.decompositions: dict[str, Decomposition] = {}
         self.needs_decomposition = False  # a loaded state lacked some decompositions
         self.statistic_rows: int | None = None  # rows per factor update over every rank ("auto" interval)
+        self.cost_interval: int | None = None  # the "auto" interval's cost rule, once the decompositions were timed
+        self.clock = StepClock()
         self.structure: LayerStructure | None = None
         self.grouped = GroupedPreconditioner(method_for(self.config.method))
         self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
@@ -107,7 +108,6 @@ class KFACPreconditioner:
         """The preconditioned layers: every candidate until the first step, then those whose hooks fired."""
         return self.structure.layers if self.structure is not None else self.candidates
 
-    # ---------------------------------------------------------------- capture
     def _capturing(self) -> bool:
         """Whether the current window updates factors (cached per step: hooks ask once per layer)."""
         if self._capture_cache[0] != self.steps:
@@ -154,7 +154,6 @@ class KFACPreconditioner:
         """Seconds spent in the hooks since the last call (reported as the step's factor_capture stage)."""
         return self.capture.take_seconds()
 
-    # ------------------------------------------------------------- structure
     def factors(self) -> dict[str, KroneckerFactor]:
         """Every distinct factor, in a fixed order (shared A factors once)."""
         return factors_of(self.layers)
@@ -175,8 +174,6 @@ class KFACPreconditioner:
     def _install(self, structure: LayerStructure) -> None:
         never = [n for n in self.candidates if n not in structure.layers]
         for name in never:
-            logger.warning("K-FAC: skipping %s: its forward hook never fired (the module is not called "
-                           "directly, e.g. nn.MultiheadAttention.out_proj)", name)
             self.capture.detach(name)
         self.coverage = coverage.settle(self.coverage, never=set(never), calls=self.capture.multi_call,
                                         log=self.rank == 0)
@@ -187,24 +184,32 @@ class KFACPreconditioner:
         self.decompositions = {f: d for f, d in self.decompositions.items() if structure.holds(f, self.rank)}
         self.grouped.invalidate()
 
-    # ------------------------------------------------------------------ step
     def step(self) -> None:
         """Commit statistics, refresh decompositions, precondition and KL-clip the gradients. Always in the
         configured dtypes: a loop's ``torch.autocast`` around this call would turn the step's matmuls to half
         precision."""
-        device = next(self.model.parameters()).device.type
-        with torch.autocast(device, enabled=False):
+        device = next(self.model.parameters()).device
+        decomposes = self.steps % self.inv_update_steps() == 0 or self.needs_decomposition
+        self.clock.mark(plain=not (decomposes or self._capturing()), device=device)
+        with torch.autocast(device.type, enabled=False):
             outcome = run_step(self)
         if outcome is not None:
             self._apply(outcome)
 
+    def inv_update_steps(self) -> int:
+        """The decomposition interval in force (``"auto"``: from the statistic rows and the cost rule)."""
+        return self.config.inv_update_steps_at(self.steps, rows=self.statistic_rows, cost=self.cost_interval)
+
     def _apply(self, outcome: StepOutcome) -> None:
-        if outcome.statistic_rows is not None:
-            self.statistic_rows = outcome.statistic_rows
-            if self.rank == 0:  # measured only for inv_update_steps "auto"
-                logger.info("K-FAC: %d statistic rows per factor update: decompositions every %d steps "
-                            "(inv_update_steps 'auto')", self.statistic_rows,
-                            self.config.inv_update_steps_at(self.steps, rows=self.statistic_rows))
+        if outcome.statistic_rows is not None or outcome.cost_interval is not None:  # inv_update_steps "auto"
+            self.statistic_rows = outcome.statistic_rows or self.statistic_rows
+            self.cost_interval = outcome.cost_interval or self.cost_interval
+            if self.rank == 0:
+                logger.info("K-FAC: decompositions every %d steps (inv_update_steps 'auto': %s statistic rows per "
+                            "factor update; decomposition cost timed: %s)", self.inv_update_steps(),
+                            self.statistic_rows, "not yet" if outcome.cost_interval is None else
+                            f"{self.timer.seconds.get('decomposition', 0.0):.3g} s a round against "
+                            f"{self.clock.plain_seconds() or 0.0:.3g} s a plain step")
         for kind, sent in outcome.comm_bytes.items():
             self.comm_bytes[kind] = self.comm_bytes.get(kind, 0) + sent
         if outcome.dropped:
@@ -248,7 +253,6 @@ class KFACPreconditioner:
         assert self._reducer is not None, "the structure is built before any window is reduced"
         return self._reducer
 
-    # ------------------------------------------------------------- reporting
     @property
     def timings(self) -> dict[str, float]:
         """Seconds per K-FAC stage during the last :meth:`step` (factor capture: hook time since the step
@@ -256,8 +260,7 @@ class KFACPreconditioner:
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def diagnostics_snapshot(self) -> dict[str, Any]:
-        """ν, damping (and its mode) and lr in force, decomposition age, skipped/failed counts, min/max eigenvalues
-        per layer group held here, and the last decomposition's effectiveness check (one host sync)."""
+        """The figures of :meth:`kaisa_ds.diagnostics.Diagnostics.snapshot` (one host sync)."""
         return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows)
 
     def memory_usage(self) -> dict[str, int]:
@@ -291,5 +294,5 @@ class KFACPreconditioner:
             self._install(restored.structure)
             self.needs_decomposition = restored.needs_decomposition
         self.steps, self.skipped_windows = restored.steps, restored.skipped_windows
-        self.statistic_rows = restored.statistic_rows
+        self.statistic_rows, self.cost_interval = restored.statistic_rows, restored.cost_interval
         self.watermark = GradWatermark()

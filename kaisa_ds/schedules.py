@@ -24,7 +24,9 @@ SCHEDULED: dict[str, tuple[float, float, bool]] = {
 AUTO = "auto"  # ``inv_update_steps="auto"``: the interval the statistic rows per factor update set
 # benchmarks/results/convergence/defaults_rule_3.md says how these were chosen (on the study's tune parts)
 AUTO_ROWS_PER_DECOMPOSITION = 20_000  # new statistic rows a decomposition waits for
-AUTO_INV_STEPS_RANGE = (10, 50)  # floor (decomposition cost) and ceiling (staleness) of the "auto" interval
+AUTO_INV_STEPS_RANGE = (10, 50)  # floor (decomposition cost) and ceiling (staleness) of the rows rule
+DECOMPOSITION_BUDGET = 0.015  # the cost rule: decompositions take at most this share of a training step
+COST_INV_STEPS_CEILING = 200  # the cost rule's longest interval (staleness: the basis is refreshed at least this often)
 _RANGE_TEXT = {
     "damping": "> 0", "relative_damping": "> 0", "factor_decay": "in [0, 1)", "kl_clip": "> 0 (or None to disable)",
     "lr": ">= 0",
@@ -107,22 +109,38 @@ def schedule_from_spec(spec: Any, *, name: str, integer: bool = False) -> Schedu
     )
 
 
-def auto_inv_update_steps(*, rows: int | None, factor_update_steps: int) -> int:
+def cost_inv_update_steps(*, decomposition_seconds: float, step_seconds: float, budget: float,
+                          factor_update_steps: int) -> int:
+    """The cost rule of the ``"auto"`` interval: the fewest steps between decompositions for one decomposition
+    round (``decomposition_seconds``) to cost at most ``budget`` of the steps in between (``step_seconds`` each),
+    a multiple of ``factor_update_steps``, at most :data:`COST_INV_STEPS_CEILING`."""
+    steps = math.ceil(decomposition_seconds / max(budget * step_seconds, 1e-12))
+    steps = factor_update_steps * math.ceil(max(steps, 1) / factor_update_steps)
+    return max(factor_update_steps, min(steps, COST_INV_STEPS_CEILING))
+
+
+def auto_inv_update_steps(*, rows: int | None, factor_update_steps: int, cost: int | None = None) -> int:
     """The ``"auto"`` decomposition interval: enough factor updates that a decomposition follows about
     :data:`AUTO_ROWS_PER_DECOMPOSITION` new statistic rows (``rows`` per update, over every rank), within
     :data:`AUTO_INV_STEPS_RANGE` and never below ``factor_update_steps``. A small batch's factors are noisy, so its
     decompositions wait longer; a large batch's are refreshed sooner, while the model is still moving. ``rows``
     None (not known yet): the ceiling.
 
+    Once the cost rule has measured the decompositions (``cost``, :func:`cost_inv_update_steps`), the interval is
+    the longer of the two: decompositions never cost more than their budget of a step.
+
     Args:
         rows: statistic rows (tokens × accumulated passes × ranks, after sampling) one factor update takes in.
         factor_update_steps: steps between factor updates.
+        cost: the cost rule's interval, once measured (None: not yet).
     """
     low, high = AUTO_INV_STEPS_RANGE
     if rows is None or rows <= 0:
-        return max(high, factor_update_steps)
-    updates = max(1, round(AUTO_ROWS_PER_DECOMPOSITION / rows))
-    return max(factor_update_steps, min(high, max(low, factor_update_steps * updates)))
+        by_rows = max(high, factor_update_steps)
+    else:
+        updates = max(1, round(AUTO_ROWS_PER_DECOMPOSITION / rows))
+        by_rows = max(factor_update_steps, min(high, max(low, factor_update_steps * updates)))
+    return by_rows if cost is None else max(by_rows, cost)
 
 
 def evaluate(value: ScheduleLike | None, step: int) -> Scalar | None:

@@ -28,8 +28,9 @@ from kaisa_ds.layers.modules import GradAccessor, GradWatermark, write_grads
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import fp32_norms, size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
+from kaisa_ds.schedules import cost_inv_update_steps
 from kaisa_ds.structure import LayerStructure
-from kaisa_ds.timing import StageTimer
+from kaisa_ds.timing import StageTimer, StepClock
 
 logger = logging.getLogger(__name__)
 
@@ -40,43 +41,24 @@ Decompositions = dict[str, Decomposition]
 
 class StepOwner(Protocol):
     """What a step reads of the preconditioner; it assigns none of it (its changes come back as a
-    :class:`StepOutcome`)."""
+    :class:`StepOutcome`). The attributes are read only."""
 
-    @property
-    def config(self) -> KFACConfig: ...
-
-    @property
-    def grads(self) -> GradAccessor: ...
-
-    @property
-    def world(self) -> int: ...
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def steps(self) -> int: ...
+    config: KFACConfig
+    grads: GradAccessor
+    world: int
+    rank: int
+    steps: int
+    needs_decomposition: bool
+    statistic_rows: int | None
+    cost_interval: int | None
+    clock: StepClock
+    grouped: GroupedPreconditioner
+    timer: StageTimer
+    diagnostics: Diagnostics
+    watermark: GradWatermark
 
     @property
     def decompositions(self) -> Mapping[str, Decomposition]: ...
-
-    @property
-    def needs_decomposition(self) -> bool: ...
-
-    @property
-    def statistic_rows(self) -> int | None: ...
-
-    @property
-    def grouped(self) -> GroupedPreconditioner: ...
-
-    @property
-    def timer(self) -> StageTimer: ...
-
-    @property
-    def diagnostics(self) -> Diagnostics: ...
-
-    @property
-    def watermark(self) -> GradWatermark: ...
 
     def ensure_structure(self) -> LayerStructure: ...
 
@@ -97,6 +79,7 @@ class StepOutcome:
     decompositions: Decompositions | None = None  # every decomposition in force after a refresh (None: unchanged)
     comm_bytes: dict[str, int] = field(default_factory=dict)  # bytes this rank sent, per kind of collective
     statistic_rows: int | None = None  # rows one factor update took in over every rank, first measured this step
+    cost_interval: int | None = None  # the cost rule's decomposition interval, first timed this step
 
 
 def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
@@ -116,6 +99,23 @@ def measure_rows(p: StepOwner, s: LayerStructure) -> int | None:
     all-reduce: called on every rank at the same factor-update step (the first, while the rows are unknown)."""
     local = max((f.window_rows for f in s.factors().values()), default=0)
     return sum_over_ranks(local, device=s.device) or None
+
+
+def time_interval(p: StepOwner, s: LayerStructure, decomposition_seconds: float) -> int | None:
+    """The cost rule's interval from this decomposition round and the plain steps timed so far, the longest any
+    rank needs (one all-reduce; every rank has timed the same steps, so all call it or none); None: too few plain
+    steps yet (the rows rule stays in force until the next decomposition)."""
+    plain = p.clock.plain_seconds()
+    if plain is None:
+        return None
+    steps = cost_inv_update_steps(decomposition_seconds=decomposition_seconds, step_seconds=plain,
+                                  budget=p.config.decomposition_budget,
+                                  factor_update_steps=p.config.value("factor_update_steps", p.steps))
+    if p.world > 1:
+        flag = torch.tensor([steps], dtype=torch.int64, device=s.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        steps = int(flag.item())
+    return steps
 
 
 def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
@@ -148,9 +148,10 @@ def update_decompositions(p: StepOwner, s: LayerStructure) -> tuple[Decompositio
     cfg = p.config
     mine = {name: (f.value, f.diagonal) for name, f in s.factors().items()
             if s.decomposes(name, p.rank) and f.has_value}
-    fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=cfg.method,
+    fresh = decompose_all({n: (v, d) for n, (v, d) in mine.items() if v is not None}, method=p.grouped.method,
                           damping=cfg.damping_at(p.steps), compute_dtype=cfg.decomposition_dtype,  # type: ignore[arg-type]
-                          out_dtype=cfg.inv_dtype_on(s.device))
+                          out_dtype=cfg.inv_dtype_on(s.device), previous=p.decompositions)
+    p.diagnostics.method_report = p.grouped.method.report()
     decs = {**p.decompositions, **{n: d for n, d in fresh.items() if d is not None}}
     sent = check_failures(p, s, tried=list(fresh), failed=[n for n, d in fresh.items() if d is None])
     local = {name: flagged(p, s, decs, name) for name in s.factors() if s.decomposes(name, p.rank)}
@@ -263,10 +264,12 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         factors[name].commit(stat, decay, stat_scale)
     p.discard_window()
     decs = p.decompositions
-    if step % p.config.inv_update_steps_at(step, rows=rows) == 0 or p.needs_decomposition:
+    if step % p.config.inv_update_steps_at(step, rows=rows, cost=p.cost_interval) == 0 or p.needs_decomposition:
         with timer.stage("decomposition"):
             decs, sent = update_decompositions(p, s)
         outcome.decompositions = decs
+        if p.config.auto_interval and p.cost_interval is None and step > 0:
+            outcome.cost_interval = time_interval(p, s, timer.seconds["decomposition"])
         if sent:
             outcome.comm_bytes["decomposition_broadcast"] = sent
     with timer.stage("preconditioning"):

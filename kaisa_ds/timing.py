@@ -1,8 +1,12 @@
-"""Per-stage wall-clock timings of one K-FAC step (optionally synchronising the device first)."""
+"""Per-stage wall-clock timings of one K-FAC step (optionally synchronising the device first), and the clock of the
+training steps around K-FAC's (the cost-aware decomposition interval)."""
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -33,3 +37,35 @@ class StageTimer:
             if self.sync and torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.add(name, time.perf_counter() - start)
+
+
+class StepClock:
+    """Marks the start of every K-FAC step, so the training step between two marks (forward, backward, K-FAC,
+    optimizer) can be timed without a host sync: wall clock on the CPU, CUDA events on a GPU, read later (at a
+    decomposition step, which synchronises anyway)."""
+
+    def __init__(self, *, keep: int = 64) -> None:
+        self._marks: deque[tuple[float | torch.cuda.Event, bool]] = deque(maxlen=keep)
+
+    def mark(self, *, plain: bool, device: torch.device) -> None:
+        """The start of a step; ``plain``: it decomposes and captures nothing (its interval is a plain step)."""
+        if device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._marks.append((event, plain))
+        else:
+            self._marks.append((time.perf_counter(), plain))
+
+    def plain_seconds(self) -> float | None:
+        """The median interval from a plain step's start to the next step's (None: fewer than 3 measured)."""
+        marks = list(self._marks)
+        spans = []
+        for (start, plain), (end, _) in itertools.pairwise(marks):
+            if not plain:
+                continue
+            if isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event):
+                end.synchronize()
+                spans.append(start.elapsed_time(end) / 1000.0)
+            elif isinstance(start, float) and isinstance(end, float):
+                spans.append(end - start)
+        return statistics.median(spans) if len(spans) >= 3 else None

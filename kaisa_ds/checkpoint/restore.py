@@ -60,6 +60,7 @@ class Restored:
     steps: int
     skipped_windows: int
     statistic_rows: int | None  # rows per factor update ("auto" interval); None: measured again
+    cost_interval: int | None  # the cost rule's interval ("auto"); None: timed again
     candidates: dict[str, KFACLayer] | None  # fresh layers holding the saved factors; None: saved before any step
     structure: LayerStructure | None  # the saved layers' structure at this world size
     decompositions: dict[str, Decomposition]  # of the factors this rank holds
@@ -73,7 +74,8 @@ def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
     method = p.config.method
     dropped = validate_state(state, discovered=p.discovered_info, diagonal=diagonal, method=method)
     counters: dict[str, Any] = {"steps": int(state["steps"]), "skipped_windows": int(state["skipped_windows"]),
-                                "statistic_rows": state.get("statistic_rows")}
+                                "statistic_rows": state.get("statistic_rows"),
+                                "cost_interval": state.get("cost_interval")}
     if state["layers"] is None:
         return Restored(**counters, candidates=None, structure=None, decompositions={}, needs_decomposition=False)
     saved = state["layers"]

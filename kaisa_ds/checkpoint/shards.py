@@ -142,6 +142,7 @@ def assemble(folder: Path, meta: dict[str, Any], *, decompositions: Callable[[st
     state: dict[str, Any] = {k: meta[k] for k in ("version", "steps", "skipped_windows", "discovered", "layers",
                                                   "compute_method")}
     state["statistic_rows"] = meta.get("statistic_rows")  # absent in metas written before it
+    state["cost_interval"] = meta.get("cost_interval")
     state["factors"], state["decompositions"] = {}, {}
     for name in meta["shards"]:
         shard = _open(folder / name)

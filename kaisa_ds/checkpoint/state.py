@@ -53,6 +53,9 @@ class StateOwner(Protocol):
     def statistic_rows(self) -> int | None: ...
 
     @property
+    def cost_interval(self) -> int | None: ...
+
+    @property
     def structure(self) -> LayerStructure | None: ...
 
     @property
@@ -100,6 +103,7 @@ def state_header(p: StateOwner) -> dict[str, Any]:
         "layers": layer_info(s.layers) if s is not None else None,
         "compute_method": p.config.method.value,  # a string in the file: the format is unchanged
         "statistic_rows": p.statistic_rows,  # optional: states saved before it resolve "auto" again
+        "cost_interval": p.cost_interval,  # optional: states saved before it time the decompositions again
     }
 
 
@@ -173,6 +177,8 @@ def validate_state(state: Any, *, discovered: dict[str, dict[str, Any]], diagona
     if missing:
         raise ValueError(f"K-FAC state lacks the key(s) {missing}; it is truncated or not from kaisa_ds")
     check_same_model(discovered, state["discovered"])
+    parse_count("cost_interval", state.get("cost_interval"), allow_none=True,
+                meaning="the steps between decompositions the cost rule set; the saved K-FAC state is corrupt")
     parse_count("statistic_rows", state.get("statistic_rows"), allow_none=True,
                 meaning="rows one factor update takes in over every rank; the saved K-FAC state is corrupt")
     if state["layers"] is None:

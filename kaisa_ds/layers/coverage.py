@@ -160,6 +160,9 @@ def settle(coverage: Coverage, *, never: set[str], calls: dict[str, int], log: b
     """The coverage once the first window has shown which layers are called (``never``: not at all; ``calls``:
     several times per pass), logged and warned about (:func:`report`) when ``log``."""
     settled = coverage.not_called(never).called(calls)
+    if log and never:
+        logger.warning("K-FAC: skipping %s: the forward hook never fired (the module is not called, its weight is "
+                       "used directly, e.g. nn.MultiheadAttention.out_proj)", ", ".join(sorted(never)))
     if log:
         report(settled)
     return settled

@@ -1,5 +1,7 @@
 """The step's decomposition schedule: the default ``inv_update_steps="auto"`` is set by the statistic rows a factor
-update takes in over every rank, agreed by the ranks and kept across a checkpoint."""
+update takes in over every rank, lengthened by the cost rule once the decompositions are timed, agreed by the ranks
+and kept across a checkpoint. Tests of the rows rule give a decomposition budget of a whole step (``ROWS_ONLY``):
+tiny models' decompositions cost more than 1.5% of their steps, which the cost rule would answer."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ from torch import nn
 
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.checkpoint.shards import load_shards, save_shards
-from kaisa_ds.schedules import auto_inv_update_steps
+from kaisa_ds.schedules import auto_inv_update_steps, cost_inv_update_steps
 from tests.support.launch import run_distributed
 from tests.support.training import train_steps
+
+ROWS_ONLY = {"decomposition_budget": 1.0}  # the cost rule never lengthens these tiny models' intervals
 
 
 def _model() -> nn.Module:
@@ -53,7 +57,7 @@ def test_auto_interval_before_the_rows_are_known_and_with_other_factor_intervals
 def test_the_default_interval_follows_the_batch() -> None:
     """The library's default decomposed every 50 steps whatever the batch; at 8192 rows per update it is 10."""
     large, small = _model(), _model()
-    large_pre, small_pre = KFACPreconditioner(large), KFACPreconditioner(small)
+    large_pre, small_pre = KFACPreconditioner(large, **ROWS_ONLY), KFACPreconditioner(small, **ROWS_ONLY)
     assert decomposition_steps(large_pre, large, _batches(8192, 21)) == [0, 10, 20]
     assert decomposition_steps(small_pre, small, _batches(2048, 51)) == [0, 50]
     assert (large_pre.statistic_rows, small_pre.statistic_rows) == (8192, 2048)
@@ -61,7 +65,7 @@ def test_the_default_interval_follows_the_batch() -> None:
 
 def test_sampled_rows_count_as_the_rows_the_factors_take_in() -> None:
     model = _model()
-    precond = KFACPreconditioner(model, factor_sample_fraction=0.5)
+    precond = KFACPreconditioner(model, factor_sample_fraction=0.5, **ROWS_ONLY)
     assert decomposition_steps(precond, model, _batches(8192, 26)) == [0, 25]  # 4096 rows: 25 steps, not 10
     assert precond.statistic_rows == 4096
 
@@ -75,17 +79,17 @@ def test_a_given_interval_is_kept_whatever_the_batch() -> None:
 
 def test_the_measured_rows_survive_a_checkpoint_and_an_older_state_measures_them_again() -> None:
     model = _model()
-    precond = KFACPreconditioner(model)
+    precond = KFACPreconditioner(model, **ROWS_ONLY)
     decomposition_steps(precond, model, _batches(8192, 12))
     state = precond.state_dict()
     assert state["statistic_rows"] == 8192
-    resumed = KFACPreconditioner(model)
+    resumed = KFACPreconditioner(model, **ROWS_ONLY)
     resumed.load_state_dict(state)
     assert resumed.statistic_rows == 8192
     # resumed at step 12: the next refresh is at step 20, the interval the first run had, whatever the new batch
     assert decomposition_steps(resumed, model, _batches(2048, 9, seed=2)) == [20]
     older = {k: v for k, v in state.items() if k != "statistic_rows"}  # saved before the key existed
-    again = KFACPreconditioner(model)
+    again = KFACPreconditioner(model, **ROWS_ONLY)
     again.load_state_dict(older)
     assert again.statistic_rows is None
     assert decomposition_steps(again, model, _batches(8192, 9, seed=2)) == [20]
@@ -94,10 +98,10 @@ def test_the_measured_rows_survive_a_checkpoint_and_an_older_state_measures_them
 
 def test_the_measured_rows_survive_a_sharded_checkpoint(tmp_path: Path) -> None:
     model = _model()
-    precond = KFACPreconditioner(model)
+    precond = KFACPreconditioner(model, **ROWS_ONLY)
     decomposition_steps(precond, model, _batches(8192, 12))
     save_shards(precond, tmp_path)
-    resumed = KFACPreconditioner(model)
+    resumed = KFACPreconditioner(model, **ROWS_ONLY)
     load_shards(resumed, tmp_path)
     assert resumed.statistic_rows == 8192
     assert decomposition_steps(resumed, model, _batches(2048, 9, seed=2)) == [20]
@@ -114,7 +118,7 @@ def test_a_corrupt_row_count_is_refused_by_name() -> None:
 
 def _ranks_with_different_batches(rank: int, world: int) -> tuple[int | None, list[int]]:
     model = _model()
-    precond = KFACPreconditioner(model)
+    precond = KFACPreconditioner(model, **ROWS_ONLY)
     rows = 4096 if rank == 0 else 2048  # 6144 over both ranks: 15 steps on each, although rank 1 alone would say 50
     steps = decomposition_steps(precond, model, _batches(rows, 16, seed=rank))
     return precond.statistic_rows, steps
@@ -124,6 +128,53 @@ def test_ranks_agree_on_the_rows_of_all_of_them() -> None:
     (rows0, steps0), (rows1, steps1) = run_distributed(_ranks_with_different_batches, 2)
     assert rows0 == rows1 == 6144
     assert steps0 == steps1 == [0, 15]
+
+
+@pytest.mark.parametrize(("decomposition", "step", "every"),
+                         [(0.3, 0.1, 200), (0.0015, 0.1, 5), (0.003, 0.1, 5), (0.015, 0.1, 10), (0.1, 0.1, 70)])
+def test_the_cost_rule_spends_at_most_its_budget_on_decompositions(decomposition: float, step: float,
+                                                                   every: int) -> None:
+    """``ceil(decomposition / (1.5% of a step))`` steps, a multiple of the factor interval, at most 200."""
+    assert cost_inv_update_steps(decomposition_seconds=decomposition, step_seconds=step, budget=0.015,
+                                 factor_update_steps=5) == every
+    assert auto_inv_update_steps(rows=8192, factor_update_steps=5, cost=every) == max(10, every)
+
+
+def _slow_decompositions(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Every decomposition round takes at least ``seconds`` (a model whose factors cost far more than its steps)."""
+    import time
+
+    from kaisa_ds import step as step_module
+
+    real = step_module.update_decompositions
+
+    def slow(*args: object, **kwargs: object) -> object:
+        time.sleep(seconds)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(step_module, "update_decompositions", slow)
+
+
+def test_costly_decompositions_lengthen_the_auto_interval_and_the_timing_survives_a_checkpoint(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decompositions of 0.2 s against steps of about a millisecond: at the second round (step 10) the cost rule
+    sets the longest interval, 200, kept by a resumed run; an integer interval is not timed at all."""
+    _slow_decompositions(monkeypatch, 0.2)
+    model = _model()
+    precond = KFACPreconditioner(model)
+    assert decomposition_steps(precond, model, _batches(8192, 30)) == [0, 10]
+    assert precond.cost_interval == 200 and precond.inv_update_steps() == 200
+    state = precond.state_dict()
+    assert state["cost_interval"] == 200
+    resumed = KFACPreconditioner(model)
+    resumed.load_state_dict(state)
+    assert resumed.cost_interval == 200
+    assert decomposition_steps(resumed, model, _batches(8192, 5)) == []  # no second timing, no early refresh
+    pinned = KFACPreconditioner(model, inv_update_steps=10)
+    assert decomposition_steps(pinned, model, _batches(8192, 21)) == [0, 10, 20] and pinned.cost_interval is None
+    corrupt = {**state, "cost_interval": 0}
+    with pytest.raises(ValueError, match="cost_interval=0"):
+        KFACPreconditioner(model).load_state_dict(corrupt)
 
 
 def test_a_grafted_step_takes_each_gradients_norm_once(monkeypatch: pytest.MonkeyPatch) -> None:
