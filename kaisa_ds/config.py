@@ -36,9 +36,17 @@ from kaisa_ds.schedules import (
 
 GradWorkerFraction = float | DistributedStrategy | str
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
-# Factors up to this size are kept whole: BERT-Large's 4,096 and GPT-2 XL's 6,400 are, an LM head's vocabulary is not
-# (an 8,192² FP32 factor is 256 MiB, its eigendecomposition about a second on a GPU)
-DEFAULT_MAX_FACTOR_DIM = 8192
+DEFAULT_MAX_FACTOR_DIM = 8192  # 256 MiB in FP32: BERT-Large's 4,096 and GPT-2 XL's 6,400 are whole, a vocabulary not
+# Rows one factor update takes in over every rank, at most: at BERT-Large, 16,384 tokens moved the preconditioned step
+# by 10% (cosine 0.993; benchmarks/results/gpu/h100_2026-11-27/call6_accuracy.json); more cost without changing it
+DEFAULT_MAX_STATISTIC_ROWS = 16384
+COUNTS = (("accumulation_steps", True, "backward passes per step(); under DeepSpeed, gradient_accumulation_steps"),
+          ("max_decomposition_failures", False, "failed decompositions of one factor in a row that stop training"),
+          ("max_factor_dim", True, "the largest factor kept whole; larger ones keep their diagonal"),
+          ("max_statistic_rows", True, "rows one factor update takes in over every rank; more are sampled down"))
+SHARES = (("factor_sample_fraction", "of tokens whose statistics feed the factors"),
+          ("factor_pass_fraction", "of an accumulation window's backward passes whose statistics feed the factors"),
+          ("decomposition_budget", "of a training step decompositions may cost"))
 
 
 
@@ -94,6 +102,9 @@ class KFACConfig:
             with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
         max_factor_dim: the largest factor kept whole; a larger one keeps only its diagonal (an untied LM head's
             vocabulary-sized G: 32,000² floats are 4 GB and their eigendecomposition takes minutes). None: no limit.
+        max_statistic_rows: the most rows (tokens) one factor update takes in over every rank: past it, each pass's
+            rows are sampled down (as ``factor_sample_fraction`` does) from the second update on, so the statistics'
+            cost stops growing with the batch. None: every row.
     """
 
     factor_update_steps: ScheduleLike = 5  # 5 / 50: benchmarks/results/convergence/defaults_rule.md says how chosen
@@ -122,6 +133,7 @@ class KFACConfig:
     max_decomposition_failures: int = 5
     max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
     decomposition_budget: float = DECOMPOSITION_BUDGET
+    max_statistic_rows: int | None = DEFAULT_MAX_STATISTIC_ROWS
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -150,22 +162,13 @@ class KFACConfig:
         for flag in ("symmetry_aware", "overlap_factor_reduction"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is not valid; allowed: true or false")
-        parse_count("accumulation_steps", self.accumulation_steps, allow_none=True, meaning="backward passes per "
-                    "step(); under DeepSpeed it is taken from gradient_accumulation_steps")
+        for name, allow_none, meaning in COUNTS:
+            parse_count(name, getattr(self, name), allow_none=allow_none, meaning=meaning)
+        for name, of_what in SHARES:
+            setattr(self, name, parse_share(name, getattr(self, name), of_what))
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
-        self.factor_sample_fraction = parse_share("factor_sample_fraction", self.factor_sample_fraction,
-                                                  "of tokens whose statistics feed the factors")
-        self.factor_pass_fraction = parse_share("factor_pass_fraction", self.factor_pass_fraction,
-                                                "of an accumulation window's backward passes whose statistics feed "
-                                                "the factors")
-        parse_count("max_decomposition_failures", self.max_decomposition_failures,
-                    meaning="the consecutive failed decompositions of one factor after which training stops")
-        self.decomposition_budget = parse_share("decomposition_budget", self.decomposition_budget,
-                                                "of a training step decompositions may cost")
-        parse_count("max_factor_dim", self.max_factor_dim, allow_none=True,
-                    meaning="the largest factor kept whole; larger ones keep their diagonal")
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         if isinstance(self.inv_update_steps, str) and self.inv_update_steps != AUTO:

@@ -20,6 +20,7 @@ import torch
 
 from kaisa_ds.enums import DampingMode
 from kaisa_ds.layers.groups import layer_group
+from kaisa_ds.layers.noise_scale import NoiseScale
 
 
 class DecompositionFailed(RuntimeError):
@@ -90,10 +91,10 @@ class Diagnostics:
         name = max(self.consecutive_failures, key=lambda n: self.consecutive_failures[n])
         return name, self.consecutive_failures[name]
 
-    def snapshot(self, step: int, *, skipped_windows: int) -> dict[str, Any]:
+    def snapshot(self, step: int, *, skipped_windows: int, noise: NoiseScale | None = None) -> dict[str, Any]:
         """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync): ν, damping (and its mode) and lr
         in force, decomposition age, skipped/failed counts, min/max eigenvalues per layer group held here, the last
-        decomposition's effectiveness check and round, and the coverage."""
+        decomposition's effectiveness check and round, the coverage, and the gradient noise scale."""
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
@@ -105,4 +106,6 @@ class Diagnostics:
             "unpreconditioned_layers": list(self.unpreconditioned),
             "coverage": self.coverage,
             "decomposition_round": dict(self.method_report),
+            "noise_scale": None if noise is None or noise.b_simple() is None else {
+                "b_simple": noise.b_simple(), **noise.last},  # in samples (the batch dimension), per step
         }

@@ -25,19 +25,19 @@ from kaisa_ds.distributed.assignment import resolve_grad_workers
 from kaisa_ds.distributed.collectives import cpu_ranks, on_any_rank, rank, world_size
 from kaisa_ds.distributed.exit_grace import register_exit_grace
 from kaisa_ds.distributed.reduction import WindowReducer
-from kaisa_ds.enums import LossReduction
 from kaisa_ds.factors.factor import KroneckerFactor
-from kaisa_ds.factors.sampling import PassSampler, RowSampler
+from kaisa_ds.feed import StatisticsFeed
 from kaisa_ds.layers import coverage
 from kaisa_ds.layers.discovery import KFACLayer, discover
-from kaisa_ds.layers.hooks import HookCapture
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccessor
+from kaisa_ds.layers.noise_scale import NoiseScale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.step import STAGES, StepOutcome, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info, layers_device
-from kaisa_ds.timing import StageTimer, StepClock
+from kaisa_ds.timing import HostFlag, StageTimer, StepClock
 
 logger = logging.getLogger(__name__)
+NOISE_SCALE_EVERY = 10  # steps between measurements of the gradient noise scale (one reduction per parameter and pass)
 
 
 class KFACPreconditioner:
@@ -71,7 +71,8 @@ class KFACPreconditioner:
         self.grad_workers = resolve_grad_workers(self.config.grad_worker_fraction, self.world,  # type: ignore[arg-type]
                                                  cpu_ranks=cpu_ranks())
         self.steps = 0
-        self.skipped_windows = 0
+        self._skipped = 0
+        self._checks: list[tuple[int, HostFlag]] = []  # plain steps' finiteness, read a step late
         self.decompositions: dict[str, Decomposition] = {}
         self.needs_decomposition = False  # a loaded state lacked some decompositions
         self.statistic_rows: int | None = None  # rows per factor update over every rank ("auto" interval)
@@ -79,9 +80,6 @@ class KFACPreconditioner:
         self.clock = StepClock()
         self.structure: LayerStructure | None = None
         self.grouped = GroupedPreconditioner(method_for(self.config.method))
-        self.sampler = RowSampler(fraction=self.config.factor_sample_fraction)
-        self.pass_sampler = PassSampler(fraction=self.config.factor_pass_fraction,
-                                        passes=self.config.accumulation_steps)
         self.watermark = GradWatermark()
         self.diagnostics = Diagnostics()
         self.timer = StageTimer()
@@ -91,9 +89,12 @@ class KFACPreconditioner:
         self._reduce_group = (torch.distributed.new_group() if self.world > 1 and self.config.overlap_factor_reduction
                               else None)
         self._reducer: WindowReducer | None = None
-        self._capture_cache: tuple[int, bool] = (-1, False)
-        self.capture = HookCapture(enabled=self._capturing, on_input=self._on_input, on_output_grad=self._on_grad)
+        self.feed = StatisticsFeed(self)
+        self.capture = self.feed.capture
         self.candidates, self.coverage = discover(model, self.config)
+        self.noise = NoiseScale(p for ly in self.candidates.values() for p in (ly.helper.weight, ly.helper.bias)
+                                if p is not None)
+        self._pass_at_step: int | None = None  # the capture's forward-pass count at the last step
         self.discovered_info = layer_info(self.candidates)
         self._attach_all()
 
@@ -108,47 +109,13 @@ class KFACPreconditioner:
         """The preconditioned layers: every candidate until the first step, then those whose hooks fired."""
         return self.structure.layers if self.structure is not None else self.candidates
 
-    def _capturing(self) -> bool:
-        """Whether the current window updates factors (cached per step: hooks ask once per layer)."""
-        if self._capture_cache[0] != self.steps:
-            self._capture_cache = (self.steps, self.steps % self.config.value("factor_update_steps", self.steps) == 0)
-        return self._capture_cache[1]
-
     def loss_scale(self) -> float:
         """The loss scale in force (``config.loss_scale()``; 1 without one): gradients are divided by it."""
         return float(self.config.loss_scale()) if self.config.loss_scale is not None else 1.0
 
-    def _on_input(self, name: str, inp: torch.Tensor, pass_id: int | None) -> None:
-        layer = self.layers.get(name)
-        if layer is None or (layer.unit != name and layer.a.already_counted(inp)):
-            # a later reader of a shared A factor whose first reader counted this very tensor in this pass; the
-            # first reader always counts (the same tensor object fed again on a later pass is a new pass)
-            return
-        if self._reducer is not None:
-            self._reducer.check_open(layer.a)
-        index = layer.a.pass_index(pass_id)
-        if self.pass_sampler.keeps(step=self.steps, pass_index=index):
-            rows = self.sampler.selector(step=self.steps, pass_index=index)
-            layer.a.add(*layer.helper.a_statistic(inp, rows), pass_id=pass_id)
-        else:
-            layer.a.skip_pass(pass_id=pass_id)
-        layer.a.mark_counted(inp)
-
-    def _on_grad(self, name: str, grad: torch.Tensor, pass_id: int | None) -> None:
-        layer = self.layers.get(name)
-        if layer is None:
-            return
-        if self._reducer is not None:
-            self._reducer.check_open(layer.g)
-        index = layer.g.pass_index(pass_id)
-        if self.pass_sampler.keeps(step=self.steps, pass_index=index):
-            stat, count = layer.helper.g_statistic(grad, self.sampler.selector(step=self.steps, pass_index=index))
-            per_sample = grad.shape[0] if self.config.loss_reduction is LossReduction.MEAN else 1
-            layer.g.add(stat.mul_((per_sample / self.loss_scale()) ** 2), count, pass_id=pass_id)
-        else:
-            layer.g.skip_pass(pass_id=pass_id)
-        if self._reducer is not None:  # on the window's last pass this may start a bucket's all-reduce
-            self._reducer.grad_complete(name, layer.g)
+    def reducer_or_none(self) -> WindowReducer | None:
+        """The window reducer once the structure is installed (the capture checks a window is still open)."""
+        return self._reducer
 
     def take_capture_seconds(self) -> float:
         """Seconds spent in the hooks since the last call (reported as the step's factor_capture stage)."""
@@ -188,19 +155,52 @@ class KFACPreconditioner:
         """Commit statistics, refresh decompositions, precondition and KL-clip the gradients. Always in the
         configured dtypes: a loop's ``torch.autocast`` around this call would turn the step's matmuls to half
         precision."""
+        self._read_checks(wait=False)
         device = next(self.model.parameters()).device
         decomposes = self.steps % self.inv_update_steps() == 0 or self.needs_decomposition
-        self.clock.mark(plain=not (decomposes or self._capturing()), device=device)
+        self.clock.mark(plain=not (decomposes or self.feed.capturing()), device=device)
         with torch.autocast(device.type, enabled=False):
             outcome = run_step(self)
         if outcome is not None:
             self._apply(outcome)
+            self._measure_noise(outcome)
+
+    def _measure_noise(self, outcome: StepOutcome) -> None:
+        """Fold a measured step into the noise scale (its passes: the forward passes since the last step), and
+        measure every :data:`NOISE_SCALE_EVERY`-th step."""
+        now = self.capture.pass_id
+        passes = now - self._pass_at_step if now is not None and self._pass_at_step is not None else None
+        self._pass_at_step = now
+        if outcome.grad_sq is not None and passes and self.capture.samples:
+            self.noise.update(outcome.grad_sq, samples_per_pass=self.capture.samples, passes=passes,
+                              world=self.world, grad_scale=self.loss_scale() / passes)
+        if self.steps % NOISE_SCALE_EVERY == 0:
+            self.noise.start()
 
     def inv_update_steps(self) -> int:
         """The decomposition interval in force (``"auto"``: from the statistic rows and the cost rule)."""
         return self.config.inv_update_steps_at(self.steps, rows=self.statistic_rows, cost=self.cost_interval)
 
+    @property
+    def skipped_windows(self) -> int:
+        """Windows dropped and plain steps left alone because of non-finite values (reading it waits for the last
+        plain step's check)."""
+        self._read_checks(wait=True)
+        return self._skipped
+
+    def _read_checks(self, *, wait: bool) -> None:
+        while self._checks and (wait or self._checks[0][1].ready()):
+            step, flag = self._checks.pop(0)
+            if not flag.value():
+                self._skipped += 1
+                logger.warning("K-FAC: non-finite gradients (or an FP32 overflow of their norms) at step %d; they "
+                               "were left as they came (%d skipped so far)", step, self._skipped)
+
     def _apply(self, outcome: StepOutcome) -> None:
+        if outcome.finite is not None:
+            self._checks.append((self.steps, HostFlag(outcome.finite)))
+        if outcome.statistic_rows is not None:
+            self.feed.sampler.cap(rows_taken=outcome.statistic_rows, max_rows=self.config.max_statistic_rows)
         if outcome.statistic_rows is not None or outcome.cost_interval is not None:  # inv_update_steps "auto"
             self.statistic_rows = outcome.statistic_rows or self.statistic_rows
             self.cost_interval = outcome.cost_interval or self.cost_interval
@@ -225,7 +225,7 @@ class KFACPreconditioner:
     def drop_window(self) -> None:
         """Count this window as skipped: drop its statistics and advance the step counter, leaving the gradients
         alone (a step with non-finite values, or one the optimizer skips)."""
-        self.skipped_windows += 1
+        self._skipped += 1
         self.discard_window()
         self.steps += 1
 
@@ -261,7 +261,7 @@ class KFACPreconditioner:
 
     def diagnostics_snapshot(self) -> dict[str, Any]:
         """The figures of :meth:`kaisa_ds.diagnostics.Diagnostics.snapshot` (one host sync)."""
-        return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows)
+        return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows, noise=self.noise)
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes held by factors (with any open window buffer), by decompositions and by the cached
@@ -293,6 +293,8 @@ class KFACPreconditioner:
             self.decompositions = restored.decompositions
             self._install(restored.structure)
             self.needs_decomposition = restored.needs_decomposition
-        self.steps, self.skipped_windows = restored.steps, restored.skipped_windows
+        self.steps, self._skipped, self._checks = restored.steps, restored.skipped_windows, []
         self.statistic_rows, self.cost_interval = restored.statistic_rows, restored.cost_interval
+        if self.statistic_rows is not None:
+            self.feed.sampler.cap(rows_taken=self.statistic_rows, max_rows=self.config.max_statistic_rows)
         self.watermark = GradWatermark()

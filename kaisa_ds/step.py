@@ -21,10 +21,11 @@ from kaisa_ds.decomposition.decompose import decompose_all, from_tensors
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.diagnostics import DecompositionFailed, Diagnostics
-from kaisa_ds.distributed.collectives import sum_over_ranks
+from kaisa_ds.distributed.collectives import max_over_ranks, sum_over_ranks
 from kaisa_ds.distributed.reduction import WindowReducer
 from kaisa_ds.enums import Grafting
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, write_grads
+from kaisa_ds.layers.noise_scale import NoiseScale
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import fp32_norms, size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
@@ -56,6 +57,7 @@ class StepOwner(Protocol):
     timer: StageTimer
     diagnostics: Diagnostics
     watermark: GradWatermark
+    noise: NoiseScale
 
     @property
     def decompositions(self) -> Mapping[str, Decomposition]: ...
@@ -80,6 +82,8 @@ class StepOutcome:
     comm_bytes: dict[str, int] = field(default_factory=dict)  # bytes this rank sent, per kind of collective
     statistic_rows: int | None = None  # rows one factor update took in over every rank, first measured this step
     cost_interval: int | None = None  # the cost rule's decomposition interval, first timed this step
+    finite: torch.Tensor | None = None  # a plain step's finiteness check, on the device: read a step late
+    grad_sq: torch.Tensor | None = None  # |G|² of the step's gradient, on steps the noise scale measures
 
 
 def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
@@ -95,38 +99,35 @@ def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torc
 
 def measure_rows(p: StepOwner, s: LayerStructure) -> int | None:
     """The statistic rows this window took in over every rank (the largest over the factors: a model's token
-    rows, not its pooler's), for the ``"auto"`` decomposition interval; None when no rank captured any. One
+    rows, not its pooler's), for the ``"auto"`` interval and the row cap; None when no rank captured any. One
     all-reduce: called on every rank at the same factor-update step (the first, while the rows are unknown)."""
     local = max((f.window_rows for f in s.factors().values()), default=0)
     return sum_over_ranks(local, device=s.device) or None
 
 
 def time_interval(p: StepOwner, s: LayerStructure, decomposition_seconds: float) -> int | None:
-    """The cost rule's interval from this decomposition round and the plain steps timed so far, the longest any
-    rank needs (one all-reduce; every rank has timed the same steps, so all call it or none); None: too few plain
-    steps yet (the rows rule stays in force until the next decomposition)."""
+    """The cost rule's interval from this round and the plain steps timed so far, the longest any rank needs (one
+    all-reduce: every rank timed the same steps); None: too few plain steps yet (the rows rule stays for now)."""
     plain = p.clock.plain_seconds()
     if plain is None:
         return None
     steps = cost_inv_update_steps(decomposition_seconds=decomposition_seconds, step_seconds=plain,
                                   budget=p.config.decomposition_budget,
                                   factor_update_steps=p.config.value("factor_update_steps", p.steps))
-    if p.world > 1:
-        flag = torch.tensor([steps], dtype=torch.int64, device=s.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        steps = int(flag.item())
-    return steps
+    return max_over_ranks(steps, device=s.device)
 
 
-def read_grads(p: StepOwner, s: LayerStructure) -> dict[str, torch.Tensor]:
-    """Every layer's (out, in) gradient matrix, unscaled; layers without a gradient are left out."""
+def read_grads(p: StepOwner, s: LayerStructure) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every layer's (out, in) gradient matrix, unscaled and as read (loss-scaled); none for a layer without one."""
     scale = p.loss_scale()
     grads: dict[str, torch.Tensor] = {}
+    raw: dict[str, torch.Tensor] = {}
     for name, layer in s.layers.items():
         mat = layer.helper.grad_matrix(p.grads)
         if mat is not None:
+            raw[name] = mat
             grads[name] = mat / scale if scale != 1.0 else mat
-    return grads
+    return grads, raw
 
 
 def flagged(p: StepOwner, s: LayerStructure, decompositions: Mapping[str, Decomposition], name: str, *,
@@ -172,13 +173,8 @@ def check_failures(p: StepOwner, s: LayerStructure, *, tried: list[str], failed:
     p.diagnostics.record_decompositions(p.steps, tried=tried, failed=failed)
     name, count = p.diagnostics.worst_failure()
     code = count * p.world + (p.world - 1 - p.rank)  # the longest run of failures, lowest rank on ties
-    sent = 0
-    if p.world > 1:  # once per decomposition step: every rank must take the same decision
-        device = s.device
-        flag = torch.tensor([code], dtype=torch.int64, device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        sent = 8
-        code = int(flag.item())
+    code = max_over_ranks(code, device=s.device)  # once per decomposition step: every rank takes the same decision
+    sent = 8 if p.world > 1 else 0
     worst_count, worst_rank = code // p.world, p.world - 1 - code % p.world
     limit = p.config.max_decomposition_failures
     if worst_count > limit:
@@ -241,7 +237,7 @@ def run_step(p: StepOwner) -> StepOutcome | None:
     timer.reset()
     timer.add("factor_capture", p.take_capture_seconds())
     step = p.steps
-    grads = read_grads(p, s)
+    grads, raw = read_grads(p, s)
     if not grads:
         raise RuntimeError("K-FAC: no preconditioned layer has a gradient; call loss.backward() before "
                            "precond.step() (the step counter and the statistics are unchanged)")
@@ -250,12 +246,18 @@ def run_step(p: StepOwner) -> StepOutcome | None:
     rows = p.statistic_rows
     with timer.stage("factor_reduction"):
         if step % p.config.value("factor_update_steps", step) == 0:
-            if rows is None and p.config.auto_interval:
+            if rows is None and (p.config.auto_interval or p.config.max_statistic_rows is not None):
                 rows = outcome.statistic_rows = measure_rows(p, s)
             window, outcome.comm_bytes["factor_allreduce"] = reduce_window(p, s)
+    decomposing = (step % p.config.inv_update_steps_at(step, rows=rows, cost=p.cost_interval) == 0
+                   or p.needs_decomposition)
     checked = [t for pair in window.values() for t in pair if t is not None]
     norms = fp32_norms(checked + list(grads.values()))
-    if not bool(torch.isfinite(norms).all()):  # the step's one host sync before the write
+    finite = torch.isfinite(norms).all()
+    if p.noise.measuring:
+        outcome.grad_sq = norms[len(checked):].square().sum()  # the check's norms: no extra pass over the gradients
+    plain = not window and not decomposing  # a plain step waits for nothing: its check is read a step late
+    if not plain and not bool(finite):  # a factor or decomposition step's one host sync before the write
         outcome.dropped = True
         return outcome
     decay = p.config.value("factor_decay", step)
@@ -264,7 +266,7 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         factors[name].commit(stat, decay, stat_scale)
     p.discard_window()
     decs = p.decompositions
-    if step % p.config.inv_update_steps_at(step, rows=rows, cost=p.cost_interval) == 0 or p.needs_decomposition:
+    if decomposing:
         with timer.stage("decomposition"):
             decs, sent = update_decompositions(p, s)
         outcome.decompositions = decs
@@ -287,7 +289,10 @@ def run_step(p: StepOwner) -> StepOutcome | None:
         damping = p.config.damping_at(step)
         p.diagnostics.record_step(kl_scale=sized.nu, damping=damping.value, lr=lr, damping_mode=damping.mode)
     with timer.stage("write_grads"):
-        write_grads(p.grads, [part for n, out in zip(names, sized.tensors())
-                              for part in s.layers[n].helper.grad_parts(out)])
+        outs = sized.tensors()
+        if plain:  # non-finite values: the gradients are written back as they came, and the window counted skipped
+            outs = [torch.where(finite, out, raw[n]) for n, out in zip(names, outs)]
+            outcome.finite = finite
+        write_grads(p.grads, [part for n, out in zip(names, outs) for part in s.layers[n].helper.grad_parts(out)])
     p.watermark.record(p.grads, params)
     return outcome

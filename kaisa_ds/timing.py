@@ -6,9 +6,11 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 import torch
 
@@ -69,3 +71,36 @@ class StepClock:
             elif isinstance(start, float) and isinstance(end, float):
                 spans.append(end - start)
         return statistics.median(spans) if len(spans) >= 3 else None
+
+
+class HostFlag:
+    """A device-side boolean read a step later without a host sync: on a GPU, copied to pinned memory behind an
+    event (:meth:`ready` asks the event without waiting); on the CPU, the value itself. ``host`` is the copy the
+    host reads: nothing on the device waits for it (:meth:`is_host_copy` tells such tensors, for sync counters)."""
+
+    _hosts: ClassVar[weakref.WeakSet[torch.Tensor]] = weakref.WeakSet()
+
+    def __init__(self, flag: torch.Tensor) -> None:
+        if flag.is_cuda:
+            self.host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.host.copy_(flag, non_blocking=True)
+            self._event: torch.cuda.Event | None = torch.cuda.Event()
+            self._event.record()
+        else:
+            self.host, self._event = flag.detach(), None
+        HostFlag._hosts.add(self.host)
+
+    @staticmethod
+    def is_host_copy(tensor: object) -> bool:
+        """Whether ``tensor`` is a flag's host copy (reading it never waits for the device)."""
+        return isinstance(tensor, torch.Tensor) and tensor in HostFlag._hosts
+
+    def ready(self) -> bool:
+        """Whether the value has arrived (always on the CPU)."""
+        return self._event is None or bool(self._event.query())
+
+    def value(self) -> bool:
+        """The flag (waits for its copy if it has not arrived)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self.host)

@@ -54,10 +54,19 @@ def on_any_rank(flags: dict[str, bool], *, device: torch.device) -> set[str]:
 
 def sum_over_ranks(value: int, *, device: torch.device) -> int:
     """``value`` summed over every rank (one all-reduce; every rank must call it)."""
+    return _reduce_int(value, device=device, op=dist.ReduceOp.SUM)
+
+
+def max_over_ranks(value: int, *, device: torch.device) -> int:
+    """The largest ``value`` of every rank (one all-reduce; every rank must call it)."""
+    return _reduce_int(value, device=device, op=dist.ReduceOp.MAX)
+
+
+def _reduce_int(value: int, *, device: torch.device, op: dist.ReduceOp.RedOpType) -> int:
     if world_size() == 1:
         return value
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, op=op)
     return int(tensor.item())
 
 

@@ -24,6 +24,9 @@ def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float
     for group, figures in diag["effectiveness"].items():
         events += [(f"Train/KFAC/{key}/{group}", value, samples) for key, value in figures.items()]
     events.append(("Train/KFAC/unpreconditioned_layers", float(len(diag["unpreconditioned_layers"])), samples))
+    if diag.get("noise_scale"):
+        events += [("Train/KFAC/noise_scale_b_simple", float(diag["noise_scale"]["b_simple"]), samples),
+                   ("Train/KFAC/noise_scale_batch", float(diag["noise_scale"]["samples_per_step"]), samples)]
     if diag.get("coverage"):
         events += [(f"Train/KFAC/coverage_{key}", float(diag["coverage"][key]), samples)
                    for key in ("share", "linear_share")]

@@ -33,10 +33,17 @@ class RowSampler:
     def __init__(self, *, fraction: float, seed: int = 0) -> None:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"factor_sample_fraction={fraction!r} is not valid; allowed: a number in (0, 1]")
-        self.fraction = fraction
+        self.fraction = self.configured = fraction
         self.seed = seed
         self._step = -1
         self._cache: dict[tuple[int, int, str], torch.Tensor] = {}
+
+    def cap(self, *, rows_taken: int, max_rows: int | None) -> None:
+        """Sample so that a factor update takes in at most ``max_rows`` rows, given the ``rows_taken`` of one
+        (at the configured fraction); None: the configured fraction."""
+        full = rows_taken / self.configured
+        self.fraction = self.configured if max_rows is None else min(self.configured, max_rows / full)
+        self._step, self._cache = -1, {}
 
     @property
     def active(self) -> bool:

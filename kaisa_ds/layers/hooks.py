@@ -43,6 +43,7 @@ class HookCapture:
         self._reader: dict[int, str] = {}
         self.seconds = 0.0  # time spent in callbacks since the last reset
         self.pass_id: int | None = None  # the model's current forward pass (None: no model hook, or none yet)
+        self.samples: int | None = None  # the batch dimension of the model's first tensor input, last pass
         self.calls: dict[str, int] = {}  # layer -> the most calls it had in one forward pass
         self._calls_now: dict[str, int] = {}
         self._root: RemovableHandle | None = None
@@ -51,11 +52,13 @@ class HookCapture:
         """Number the forward passes of ``model`` (the root of every attached layer)."""
         if self._root is not None:
             self._root.remove()
-        self._root = model.register_forward_pre_hook(self._new_pass)
+        self._root = model.register_forward_pre_hook(self._new_pass, with_kwargs=True)
 
-    def _new_pass(self, module: nn.Module, inputs: Any) -> None:
+    def _new_pass(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.pass_id = 0 if self.pass_id is None else self.pass_id + 1
         self._calls_now = {}
+        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        self.samples = int(first.shape[0]) if first is not None else self.samples  # batch-first inputs
 
     @property
     def multi_call(self) -> dict[str, int]:

@@ -219,7 +219,10 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def render(plan: dict[str, Any]) -> str:
     """The plan as text tables (MiB and KiB)."""
     k = plan["kfac"]
-    auto = f" (auto: {plan['statistic_rows']} statistic rows per update)" if plan.get("inv_update_steps_auto") else ""
+    cost = plan.get("inv_update_steps_cost_rule")
+    auto = (f" (auto: {plan['statistic_rows']} statistic rows per update"
+            + (f"; the cost rule asks {cost}" if cost is not None else "; give rates for the cost rule") + ")"
+            if plan.get("inv_update_steps_auto") else "")
     lines = [f"K-FAC plan: {plan['model_type']} {plan['model']}, {plan['layers']} layers / {plan['factors']} factors, "
              f"world {plan['world']}, {plan['strategy']} ({plan['grad_workers']} gradient workers per layer), "
              f"micro-batch {plan['micro_batch']}x{plan['seq']} x{plan['passes']} passes; factors every "

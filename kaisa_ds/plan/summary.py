@@ -22,6 +22,7 @@ from kaisa_ds.plan.traffic import (
     statistics_packed,
     step_counts,
 )
+from kaisa_ds.schedules import cost_inv_update_steps
 
 MEMORY_PARTS = ("factors", "window", "decompositions", "denominators")
 
@@ -68,19 +69,18 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
              traffic_plan: dict[str, Any], baseline_flops: float | None) -> dict[str, Any]:
     """Predicted K-FAC seconds per kind of step and amortised; as a share of the baseline step when known."""
     method = config.method
-    rows = tokens * config.factor_sample_fraction
+    rows = tokens * config.factor_sample_fraction  # per rank and pass
     stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
+    total = rows * stats_passes * a.world
+    if config.max_statistic_rows is not None and total > config.max_statistic_rows:
+        rows *= config.max_statistic_rows / total  # the cap samples every rank's rows down alike
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
     per_flop = method_for(method).matmuls_per_step
     precondition = [0.0] * a.world
-    decompose = [0.0] * a.world
     for ly in shapes.layers.values():
         for r in a.worker_group(a.unit_group[ly.unit]):
             precondition[r] += per_flop * ly.out * ly.inp * (ly.out + ly.inp)
-    for name, r in a.inverse_worker.items():
-        f = shapes.factors[name]
-        decompose[r] += rates.decomposition_seconds(f.dim, diagonal=f.diagonal, method=method)
-    parts = {"statistics": rates.gemm_seconds(stats_flops), "decomposition": max(decompose),
+    parts = {"statistics": rates.gemm_seconds(stats_flops), "decomposition": round_seconds(shapes, a, config, rates),
              "preconditioning": rates.gemm_seconds(max(precondition))}
     payload = traffic_plan["payload_bytes_per_rank"]
     seconds: dict[str, dict[str, float]] = {}
@@ -103,6 +103,29 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
             "communication_counted": rates.network_gbps is not None}
 
 
+def round_seconds(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates) -> float:
+    """One decomposition round on the busiest rank (every rank waits for it at the broadcasts)."""
+    per_rank = [0.0] * a.world
+    for name, r in a.inverse_worker.items():
+        f = shapes.factors[name]
+        per_rank[r] += rates.decomposition_seconds(f.dim, diagonal=f.diagonal, method=config.method)
+    return max(per_rank)
+
+
+def predicted_cost_interval(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates | None,
+                            baseline_flops: float | None) -> int | None:
+    """The interval the ``"auto"`` cost rule would set, from the rates (None: no rates or no baseline step)."""
+    if rates is None or not config.auto_interval:
+        return None
+    baseline = rates.step_seconds if rates.step_seconds is not None else (
+        rates.gemm_seconds(baseline_flops) if baseline_flops else None)
+    if not baseline:
+        return None
+    return cost_inv_update_steps(decomposition_seconds=round_seconds(shapes, a, config, rates), step_seconds=baseline,
+                                 budget=config.decomposition_budget,
+                                 factor_update_steps=config.value("factor_update_steps", 0))
+
+
 def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batch: int, seq: int, passes: int = 1,
               rates: Rates | None = None, baseline_flops: float | None = None,
               cpu_ranks: bool = False) -> dict[str, Any]:
@@ -116,13 +139,15 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
     # statistic rows per factor update over every rank, as the sampler keeps them
     rows = kept_rows(config.factor_sample_fraction, micro_batch * seq) * kept_passes(config.factor_pass_fraction,
                                                                                      passes) * world
-    inv_every = config.inv_update_steps_at(0, rows=rows)
+    cost = predicted_cost_interval(shapes, a, config, rates, baseline_flops)
+    inv_every = config.inv_update_steps_at(0, rows=rows, cost=cost)
     plan_traffic = traffic(shapes, a, config, inv_every=inv_every, cpu_ranks=cpu_ranks)
     return {
         "world": world, "grad_workers": g, "strategy": strategy_name(world, g),
         "layers": len(shapes.layers), "factors": len(shapes.factors), "micro_batch": micro_batch, "seq": seq,
         "passes": passes, "factor_update_steps": config.value("factor_update_steps", 0),
         "inv_update_steps": inv_every, "inv_update_steps_auto": config.auto_interval, "statistic_rows": rows,
+        "inv_update_steps_cost_rule": cost,
         "memory_bytes_per_rank": worst.total,
         "memory_bytes": {"max_rank": {p: getattr(worst, p) for p in MEMORY_PARTS},
                          "mean": {p: sum(getattr(m, p) for m in mem) / world for p in MEMORY_PARTS},

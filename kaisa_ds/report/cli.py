@@ -8,7 +8,7 @@ damping dominates that direction), the decomposition age, and skipped windows an
 effectiveness check of each decomposition per layer group: the share of the gradient on which damping outweighs the
 curvature and the cosine between the preconditioned and the raw gradient (both near 1: K-FAC has become a rescaled
 gradient); and the coverage: the trainable parameters of each module type, preconditioned or not and why (also
-printed as text).
+printed as text); and the gradient noise scale ``B_simple`` against the step, beside the batch the run stepped with.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
 
     steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(2, 4, figsize=(24, 8))
-    nu, values, eig, covered, faults, share, cosine, spare = axes.flat
-    spare.axis("off")
+    nu, values, eig, covered, faults, share, cosine, noise = axes.flat
     _coverage(covered, next((r["coverage"] for r in rows if r.get("coverage")), None))
+    _noise_scale(noise, rows)
     nu.plot(steps, [r["kl_scale"] if r["kl_scale"] is not None else float("nan") for r in rows])
     nu.set(title="KL-clip scale ν (1: step not cut)", xlabel="step", ylim=(0, 1.05))
     mode = rows[-1].get("damping_mode", "absolute")
@@ -75,6 +75,21 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _noise_scale(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """The gradient noise scale B_simple against the step, with the batch the run stepped with."""
+    measured = [r for r in rows if r.get("noise_scale")]
+    if not measured:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "noise scale not measured\n(one pass on one rank, or a run before 2026-12-02)", ha="center")
+        return
+    steps = [r["step"] for r in measured]
+    ax.plot(steps, [r["noise_scale"]["b_simple"] for r in measured], label="B_simple (samples)")
+    ax.plot(steps, [r["noise_scale"]["samples_per_step"] for r in measured], "k--", label="samples per step")
+    ax.set(title="gradient noise scale (McCandlish et al. 2018): the critical batch's scale", xlabel="step",
+           yscale="log")
+    ax.legend(fontsize=7)
 
 
 def coverage_lines(summary: dict[str, Any] | None) -> list[str]:

@@ -99,7 +99,7 @@ def test_a_step_times_every_accumulated_pass_and_k_fac_samples_the_passes() -> N
     for key, model in (("base", run.side_by_side.base), ("kfac", run.kfac.model)):
         query = next(m for n, m in model.named_modules() if n.endswith("layer.0.attention.self.query"))
         query.register_forward_hook(lambda *_, key=key: forwards.__setitem__(key, forwards[key] + 1))
-    sampler, decided = run.kfac.pass_sampler, set()
+    sampler, decided = run.kfac.feed.pass_sampler, set()
     keeps = sampler.keeps
 
     def recording(*, step: int, pass_index: int) -> bool:

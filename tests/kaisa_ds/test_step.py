@@ -72,9 +72,9 @@ def test_sampled_rows_count_as_the_rows_the_factors_take_in() -> None:
 
 def test_a_given_interval_is_kept_whatever_the_batch() -> None:
     model = _model()
-    precond = KFACPreconditioner(model, inv_update_steps=7)
+    precond = KFACPreconditioner(model, inv_update_steps=7, max_statistic_rows=None)
     assert decomposition_steps(precond, model, _batches(8192, 15)) == [0, 7, 14]
-    assert precond.statistic_rows is None  # nothing measured when the interval is given
+    assert precond.statistic_rows is None  # nothing measured when the interval is given and the rows uncapped
 
 
 def test_the_measured_rows_survive_a_checkpoint_and_an_older_state_measures_them_again() -> None:

@@ -106,7 +106,7 @@ def _window_factors(fraction: float, step: int, *, loss_scale: float = 1.0,
     for _ in range(PASSES):
         ids, target = torch.randint(0, 11, (8, 6), generator=g), torch.randn(8, 6, 5, generator=g)
         (F.mse_loss(model(ids), target) * loss_scale / PASSES).backward()
-    chosen = precond.pass_sampler.chosen(step)
+    chosen = precond.feed.pass_sampler.chosen(step)
     precond.step()
     return ({f"{n}.{k}": getattr(ly, f"{k.lower()}_factor").float() for n, ly in precond.layers.items()
              for k in ("A", "G")}, chosen)
@@ -119,7 +119,7 @@ def test_pass_fraction_one_is_the_full_window() -> None:
     assert not torch.equal(subset["query.A"], full["query.A"])  # the subset is a real estimate...
     torch.manual_seed(0)
     plain = KFACPreconditioner(TinyTransformerish(), kl_clip=None)  # ...and fraction 1 is the default path
-    assert plain.pass_sampler.active is False
+    assert plain.feed.pass_sampler.active is False
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(None, 1e-5), ("fp16", 5e-3)])
@@ -165,3 +165,28 @@ def test_pass_fraction_is_validated_by_name() -> None:
         KFACConfig.from_dict({"factor_pass_fraction": 0})
     with pytest.raises(ValueError, match=r"factor_pass_fraction=0\.5 needs accumulation_steps"):
         KFACPreconditioner(TinyTransformerish(), factor_pass_fraction=0.5)
+
+
+def test_a_factor_update_takes_in_at_most_max_statistic_rows() -> None:
+    """512 rows a pass against a cap of 128: the first update takes them all (the rows are not known before it), the
+    next ones a quarter of each pass; no cap: every row; the cap holds across a checkpoint."""
+    from tests.support.models import TinyMLP
+
+    def rows_of_second_update(**options: object) -> tuple[int, KFACPreconditioner]:
+        torch.manual_seed(0)
+        model = TinyMLP()
+        precond = KFACPreconditioner(model, factor_update_steps=1, inv_update_steps=1, **options)
+        x = torch.randn(512, 6)
+        model(x).pow(2).mean().backward()
+        precond.step()
+        model.zero_grad()
+        model(x).pow(2).mean().backward()
+        return precond.layers["fc1"].a.window_rows, precond
+
+    capped, precond = rows_of_second_update(max_statistic_rows=128)
+    assert capped == 128 and precond.statistic_rows == 512
+    assert rows_of_second_update(max_statistic_rows=None)[0] == 512
+    assert rows_of_second_update()[0] == 512  # the default cap (16,384 rows) is far above this batch
+    resumed = KFACPreconditioner(TinyMLP(), max_statistic_rows=128)
+    resumed.load_state_dict(precond.state_dict())
+    assert resumed.feed.sampler.fraction == 0.25

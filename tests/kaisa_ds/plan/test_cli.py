@@ -228,3 +228,19 @@ def test_any_transformers_model_plans_from_its_config_json(tmp_path: Path, capsy
     main(["--model", str(tmp_path / "llama"), "--world", "2"])
     text = capsys.readouterr().out
     assert text.startswith("K-FAC plan: llama") and "coverage: " in text
+
+
+def test_the_plan_predicts_the_cost_rules_interval_from_the_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    """With eigh timings and a baseline step, the planner sets ``"auto"`` as the run would: decompositions at most
+    1.5% of a step. BERT-mini's round on one rank: 8 factors of 256/257 and 4 of 1024/1025 at the given timings."""
+    common = ["--model", "mini", "--world", "1", "--micro-batch", "64", "--seq", "128", "--json",
+              "--gemm-gflops", "50", "--eigh-seconds", "256=0.01", "1024=0.2"]
+    main([*common, "--step-seconds", "2.0"])
+    slow_step = json.loads(capsys.readouterr().out)
+    main([*common, "--step-seconds", "200.0"])
+    fast_rounds = json.loads(capsys.readouterr().out)
+    rules = slow_step["inv_update_steps_cost_rule"], fast_rounds["inv_update_steps_cost_rule"]
+    assert slow_step["inv_update_steps"] == rules[0] > 10  # a round of ~1 s against 2 s steps: the cost rule wins
+    assert rules[1] == 5 and fast_rounds["inv_update_steps"] == 10  # negligible rounds: the rows rule's 10
+    main(["--model", "mini", "--world", "1", "--json"])
+    assert json.loads(capsys.readouterr().out)["inv_update_steps_cost_rule"] is None  # no rates: not predicted
