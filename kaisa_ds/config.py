@@ -31,15 +31,13 @@ from kaisa_ds.schedules import (
     auto_inv_update_steps,
     check_range,
     evaluate,
-    schedule_from_spec,
+    section_values,
 )
 
 GradWorkerFraction = float | DistributedStrategy | str
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 DEFAULT_MAX_FACTOR_DIM = 8192  # 256 MiB in FP32: BERT-Large's 4,096 and GPT-2 XL's 6,400 are whole, a vocabulary not
-# Rows one factor update takes in over every rank, at most: at BERT-Large, 16,384 tokens moved the preconditioned step
-# by 10% (cosine 0.993; benchmarks/results/gpu/h100_2026-11-27/call6_accuracy.json); more cost without changing it
-DEFAULT_MAX_STATISTIC_ROWS = 16384
+DEFAULT_MAX_STATISTIC_ROWS = 16384  # BERT-Large: 16,384 tokens move the step by 10% (gpu/h100_2026-11-27/call6)
 COUNTS = (("accumulation_steps", True, "backward passes per step(); under DeepSpeed, gradient_accumulation_steps"),
           ("max_decomposition_failures", False, "failed decompositions of one factor in a row that stop training"),
           ("max_factor_dim", True, "the largest factor kept whole; larger ones keep their diagonal"),
@@ -79,7 +77,8 @@ class KFACConfig:
             ``"auto"``: None under ``grafting="gradient"`` (the grafted size replaces the clip), else 0.001.
         grafting: :class:`~kaisa_ds.enums.Grafting`: what sets each layer's preconditioned gradient's size.
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
-        compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions or damped inverses.
+        compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions, their warm-started refresh, or
+            damped inverses; ``"auto"``: the refresh on CUDA (cheaper than eigh there), exact eigh elsewhere.
         grad_worker_fraction: share of ranks that precondition each layer, in [1/world, 1], or a
             :class:`~kaisa_ds.enums.DistributedStrategy` (``comm-opt`` 1, ``hybrid-opt`` 1/2, ``mem-opt`` 1/world,
             ``auto``: ``mem-opt`` on CPU ranks, ``comm-opt`` elsewhere). Every choice gives the same gradients.
@@ -116,7 +115,7 @@ class KFACConfig:
     kl_clip: ScheduleLike | str | None = AUTO  # defaults_rule_6.md: none under the grafting the rule chose
     grafting: Grafting | str = Grafting.GRADIENT  # defaults_rule_6.md: E's sizes harmed where no text repeats
     lr: ScheduleLike = 0.1
-    compute_method: ComputeMethod | str = ComputeMethod.EIGEN
+    compute_method: ComputeMethod | str = AUTO
     grad_worker_fraction: GradWorkerFraction = DistributedStrategy.AUTO  # benchmarks/README.md#strategy_cost
     factor_dtype: torch.dtype | str | None = None
     inv_dtype: torch.dtype | str | None = AUTO  # inv_dtype_on: bf16 on CUDA (0.5-0.7% gradient error), fp32 elsewhere
@@ -137,7 +136,11 @@ class KFACConfig:
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.compute_method = parse_enum(ComputeMethod, self.compute_method, name="compute_method")
+        if self.compute_method != AUTO:
+            try:
+                self.compute_method = parse_enum(ComputeMethod, self.compute_method, name="compute_method")
+            except ValueError as exc:
+                raise ValueError(f"{exc}, or 'auto' (the refresh on CUDA, eigen elsewhere)") from None
         self.loss_reduction = parse_enum(LossReduction, self.loss_reduction, name="loss_reduction")
         self.grafting = parse_enum(Grafting, self.grafting, name="grafting")
         if isinstance(self.kl_clip, str) and self.kl_clip != AUTO:  # "auto" stays: value() resolves it (grafting)
@@ -195,8 +198,8 @@ class KFACConfig:
         return int(checked) if name.endswith("_steps") and checked is not None else checked
 
     def inv_dtype_on(self, device: torch.device | None) -> torch.dtype:
-        """The dtype decompositions are stored in, ``inv_dtype`` with ``"auto"`` resolved: BF16 on CUDA, where FP32
-        preconditioning matmuls miss the tensor cores (benchmarks/README.md, BERT-base on a GPU), FP32 elsewhere.
+        """The dtype decompositions are stored in, ``"auto"`` resolved: BF16 on CUDA, where FP32 preconditioning
+        matmuls miss the tensor cores (docs/studies/gpu_suite.md), FP32 elsewhere.
 
         Args:
             device: where the preconditioned layers live (None: a CPU).
@@ -250,8 +253,17 @@ class KFACConfig:
 
     @property
     def method(self) -> ComputeMethod:
-        """``compute_method`` as the enum."""
-        return ComputeMethod(self.compute_method)
+        """``compute_method`` as the enum, ``"auto"`` as the eigen layout it has on every device."""
+        return ComputeMethod.EIGEN if self.compute_method == AUTO else ComputeMethod(self.compute_method)
+
+    def method_on(self, device: torch.device | None) -> ComputeMethod:
+        """The method that runs on a device (``"auto"``: the eigenbasis refresh on CUDA, exact eigh elsewhere).
+
+        Args:
+            device: where the preconditioned layers live (None: a CPU).
+        """
+        cuda = device is not None and device.type == "cuda"
+        return ComputeMethod.EIGEN_REFRESH if self.compute_method == AUTO and cuda else self.method
 
     def skips(self, module_name: str, class_name: str) -> bool:
         """Whether ``skip_layers`` excludes a module.
@@ -273,24 +285,12 @@ class KFACConfig:
             overrides: options that replace the section's (e.g. ``loss_scale``, which JSON cannot hold).
         """
         names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "loss_scale"}
-        unknown = sorted(set(section) - names)
-        if unknown:
-            raise ValueError(f"kfac: unknown key(s) {unknown}; allowed keys: {sorted(names | {'enabled'})}")
+        values = section_values(section, keys=names)  # unknown keys first, then contradicting dampings
         conflict = damping_conflict(section.get("damping"), section.get("relative_damping"),
                                     section.get("damping_mode"), prefix="kfac.")
         if conflict:
             raise ValueError(conflict)
-        kwargs: dict[str, Any] = {}
-        for key, val in section.items():
-            if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val not in (None, AUTO):
-                val = schedule_from_spec(val, name=f"kfac.{key}")
-            elif key == "factor_update_steps" or (key == "inv_update_steps" and not isinstance(val, str)):
-                val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)  # a word: "auto", or the field says why
-            elif key == "skip_layers" and not isinstance(val, str) and not (
-                    isinstance(val, list) and all(isinstance(v, str) for v in val)):
-                raise ValueError(f"kfac.skip_layers must be a list of regular expressions, got {val!r}")
-            kwargs[key] = val
-        kwargs.update(overrides)
+        kwargs = {**values, **overrides}
         try:
             return cls(**kwargs)
         except ValueError as exc:  # every field's message starts with its name: make it the config key

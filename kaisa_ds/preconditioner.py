@@ -79,7 +79,6 @@ class KFACPreconditioner:
         self.cost_interval: int | None = None  # the "auto" interval's cost rule, once the decompositions were timed
         self.clock = StepClock()
         self.structure: LayerStructure | None = None
-        self.grouped = GroupedPreconditioner(method_for(self.config.method))
         self.watermark = GradWatermark()
         self.diagnostics = Diagnostics()
         self.timer = StageTimer()
@@ -92,6 +91,7 @@ class KFACPreconditioner:
         self.feed = StatisticsFeed(self)
         self.capture = self.feed.capture
         self.candidates, self.coverage = discover(model, self.config)
+        self.grouped = GroupedPreconditioner(method_for(self.config.method_on(layers_device(self.candidates))))
         self.noise = NoiseScale(p for ly in self.candidates.values() for p in (ly.helper.weight, ly.helper.bias)
                                 if p is not None)
         self._pass_at_step: int | None = None  # the capture's forward-pass count at the last step

@@ -4,7 +4,7 @@ stay in, checked whenever it is evaluated."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,25 @@ def auto_inv_update_steps(*, rows: int | None, factor_update_steps: int, cost: i
         updates = max(1, round(AUTO_ROWS_PER_DECOMPOSITION / rows))
         by_rows = max(factor_update_steps, min(high, max(low, factor_update_steps * updates)))
     return by_rows if cost is None else max(by_rows, cost)
+
+
+def section_values(section: Mapping[str, Any], *, keys: set[str]) -> dict[str, Any]:
+    """A DeepSpeed ``kfac`` section's values as KFACConfig takes them: only ``keys``, schedules built from their
+    JSON specs, ``skip_layers`` patterns; errors name ``kfac.<key>``."""
+    unknown = sorted(set(section) - keys)
+    if unknown:
+        raise ValueError(f"kfac: unknown key(s) {unknown}; allowed keys: {sorted(keys | {'enabled'})}")
+    values: dict[str, Any] = {}
+    for key, val in section.items():
+        if key in ("damping", "relative_damping", "factor_decay", "kl_clip", "lr") and val not in (None, AUTO):
+            val = schedule_from_spec(val, name=f"kfac.{key}")
+        elif key == "factor_update_steps" or (key == "inv_update_steps" and not isinstance(val, str)):
+            val = schedule_from_spec(val, name=f"kfac.{key}", integer=True)  # a word: "auto", or the field says why
+        elif key == "skip_layers" and not isinstance(val, str) and not (
+                isinstance(val, list) and all(isinstance(v, str) for v in val)):
+            raise ValueError(f"kfac.skip_layers must be a list of regular expressions, got {val!r}")
+        values[key] = val
+    return values
 
 
 def evaluate(value: ScheduleLike | None, step: int) -> Scalar | None:

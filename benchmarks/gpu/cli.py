@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PARTS = ("tests", "step_cost", "eigh", "diagnose")
+PARTS = ("tests", "defaults", "step_cost", "eigh", "diagnose")
 CALL_SECONDS = 540.0  # one device call: 10 minutes at most, 9 planned
 
 
@@ -60,9 +60,10 @@ def refuse(message: str) -> int:
 
 
 def part_runner(name: str) -> Callable[[Any], dict[str, Any]]:
-    from benchmarks.gpu import bert_cost, diagnose, eigh, tests_part
+    from benchmarks.gpu import bert_cost, defaults_part, diagnose, eigh, tests_part
 
-    modules = {"tests": tests_part, "step_cost": bert_cost, "eigh": eigh, "diagnose": diagnose}
+    modules = {"tests": tests_part, "defaults": defaults_part, "step_cost": bert_cost, "eigh": eigh,
+               "diagnose": diagnose}
     return modules[name].run  # type: ignore[no-any-return]
 
 

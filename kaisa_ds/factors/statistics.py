@@ -22,11 +22,14 @@ def keep_all(x: torch.Tensor) -> torch.Tensor:
 
 
 def gram(x: torch.Tensor) -> torch.Tensor:
-    """``xᵀ x`` in FP32. Half-precision CUDA inputs use tensor-core GEMMs with FP32 accumulation and output
-    (no FP32 copy of the activations, and no overflow of an FP16 result). Autocast is off here: the hooks run
-    inside the user's ``torch.autocast``, which would make an FP32 input's product FP16 (inf past 65504)."""
+    """``xᵀ x`` in FP32. On CUDA the inputs are BF16 (FP16 ones stay FP16) in tensor-core GEMMs with FP32
+    accumulation and output: an FP32 input (a LayerNorm's output under BF16 autocast, an FP32 run) is rounded to BF16
+    first, as the step's physical cost asks (FP32 GEMMs miss the tensor cores), and an FP16 result cannot overflow.
+    Autocast is off here: the hooks run inside the user's ``torch.autocast``, which would make an FP32 input's product
+    FP16 (inf past 65504)."""
     with torch.autocast(x.device.type, enabled=False):
-        if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
+        if x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            x = x.to(torch.bfloat16) if x.dtype == torch.float32 else x
             return torch.mm(x.t(), x, out_dtype=torch.float32)
         x = x.to(torch.float32)
         return x.t() @ x

@@ -32,7 +32,7 @@ from kaisa_ds.enums import ComputeMethod
 from kaisa_ds.optim.select import is_lamb_config
 from kaisa_ds.plan.batch import DEFAULT_MICRO, resolve_batch
 from kaisa_ds.plan.bert_sizes import KAISA_SKIP
-from kaisa_ds.plan.memory import inv_dtype_label
+from kaisa_ds.plan.memory import inv_dtype_label, planned_method
 from kaisa_ds.plan.overhead import bert_step_flops, rates_from, read_calibration, transformer_step_flops
 from kaisa_ds.plan.shapes import is_bert, max_positions, model_config, model_shapes
 from kaisa_ds.plan.summary import MEMORY_PARTS, make_plan
@@ -154,7 +154,7 @@ def check_options(args: argparse.Namespace, cfg: Any) -> None:
 
 def check_method_rates(args: argparse.Namespace, config: KFACConfig) -> None:
     """A decomposition timing for the method the run does not use would be ignored: refuse it."""
-    reads = method_for(config.method).rate_flag
+    reads = method_for(planned_method(config, cpu_ranks=args.cpu_ranks)).rate_flag
     for kind, impl in METHODS.items():
         unused = impl.rate_flag
         if kind is ComputeMethod.EIGEN_REFRESH:
@@ -210,7 +210,7 @@ def plan_from_args(args: argparse.Namespace) -> dict[str, Any]:
     plan["kfac"] = {"grad_worker_fraction": str(getattr(fraction, "value", fraction)),
                     "factor_dtype": str(config.factor_dtype),
                     "inv_dtype": inv_dtype_label(config, cpu_ranks=args.cpu_ranks),
-                    "compute_method": config.method.value,
+                    "compute_method": planned_method(config, cpu_ranks=args.cpu_ranks).value,
                     "symmetry_aware": config.symmetry_aware, "factor_sample_fraction": config.factor_sample_fraction,
                     "factor_pass_fraction": config.factor_pass_fraction, "skip_layers": list(config.skip_layers)}
     return plan

@@ -27,6 +27,11 @@ def planned_inv_dtype(config: KFACConfig, *, cpu_ranks: bool) -> torch.dtype:
     return config.inv_dtype_on(torch.device("cpu" if cpu_ranks else "cuda"))
 
 
+def planned_method(config: KFACConfig, *, cpu_ranks: bool) -> ComputeMethod:
+    """The decomposition method on the planned ranks: ``compute_method``, its ``"auto"`` resolved for GPUs or CPUs."""
+    return config.method_on(torch.device("cpu" if cpu_ranks else "cuda"))
+
+
 def inv_dtype_label(config: KFACConfig, *, cpu_ranks: bool) -> str:
     """The planned decompositions' dtype as the plan prints it, marked ``auto:`` when the default chose it."""
     dtype = planned_inv_dtype(config, cpu_ranks=cpu_ranks)

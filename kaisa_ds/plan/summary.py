@@ -10,7 +10,7 @@ from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
 from kaisa_ds.factors.sampling import kept_passes, kept_rows
 from kaisa_ds.plan.balance import assign, balance
-from kaisa_ds.plan.memory import element_size, memory_per_rank, planned_inv_dtype
+from kaisa_ds.plan.memory import element_size, memory_per_rank, planned_inv_dtype, planned_method
 from kaisa_ds.plan.overhead import Rates
 from kaisa_ds.plan.shapes import ModelShapes
 from kaisa_ds.plan.traffic import (
@@ -66,21 +66,21 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig, *, inv_every
 
 
 def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates, *, tokens: int, passes: int,
-             traffic_plan: dict[str, Any], baseline_flops: float | None) -> dict[str, Any]:
+             traffic_plan: dict[str, Any], baseline_flops: float | None, cpu_ranks: bool = False) -> dict[str, Any]:
     """Predicted K-FAC seconds per kind of step and amortised; as a share of the baseline step when known."""
-    method = config.method
     rows = tokens * config.factor_sample_fraction  # per rank and pass
     stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
     total = rows * stats_passes * a.world
     if config.max_statistic_rows is not None and total > config.max_statistic_rows:
         rows *= config.max_statistic_rows / total  # the cap samples every rank's rows down alike
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
-    per_flop = method_for(method).matmuls_per_step
+    per_flop = method_for(planned_method(config, cpu_ranks=cpu_ranks)).matmuls_per_step
     precondition = [0.0] * a.world
     for ly in shapes.layers.values():
         for r in a.worker_group(a.unit_group[ly.unit]):
             precondition[r] += per_flop * ly.out * ly.inp * (ly.out + ly.inp)
-    parts = {"statistics": rates.gemm_seconds(stats_flops), "decomposition": round_seconds(shapes, a, config, rates),
+    parts = {"statistics": rates.gemm_seconds(stats_flops),
+             "decomposition": round_seconds(shapes, a, config, rates, cpu_ranks=cpu_ranks),
              "preconditioning": rates.gemm_seconds(max(precondition))}
     payload = traffic_plan["payload_bytes_per_rank"]
     seconds: dict[str, dict[str, float]] = {}
@@ -103,17 +103,19 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
             "communication_counted": rates.network_gbps is not None}
 
 
-def round_seconds(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates) -> float:
-    """One decomposition round on the busiest rank (every rank waits for it at the broadcasts)."""
+def round_seconds(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates, *, cpu_ranks: bool) -> float:
+    """One decomposition round on the busiest rank (every rank waits for it at the broadcasts), by the method that
+    runs on the planned ranks."""
+    method = planned_method(config, cpu_ranks=cpu_ranks)
     per_rank = [0.0] * a.world
     for name, r in a.inverse_worker.items():
         f = shapes.factors[name]
-        per_rank[r] += rates.decomposition_seconds(f.dim, diagonal=f.diagonal, method=config.method)
+        per_rank[r] += rates.decomposition_seconds(f.dim, diagonal=f.diagonal, method=method)
     return max(per_rank)
 
 
 def predicted_cost_interval(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates | None,
-                            baseline_flops: float | None) -> int | None:
+                            baseline_flops: float | None, *, cpu_ranks: bool) -> int | None:
     """The interval the ``"auto"`` cost rule would set, from the rates (None: no rates or no baseline step)."""
     if rates is None or not config.auto_interval:
         return None
@@ -121,7 +123,8 @@ def predicted_cost_interval(shapes: ModelShapes, a: Assignment, config: KFACConf
         rates.gemm_seconds(baseline_flops) if baseline_flops else None)
     if not baseline:
         return None
-    return cost_inv_update_steps(decomposition_seconds=round_seconds(shapes, a, config, rates), step_seconds=baseline,
+    return cost_inv_update_steps(decomposition_seconds=round_seconds(shapes, a, config, rates, cpu_ranks=cpu_ranks),
+                                 step_seconds=baseline,
                                  budget=config.decomposition_budget,
                                  factor_update_steps=config.value("factor_update_steps", 0))
 
@@ -139,7 +142,7 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
     # statistic rows per factor update over every rank, as the sampler keeps them
     rows = kept_rows(config.factor_sample_fraction, micro_batch * seq) * kept_passes(config.factor_pass_fraction,
                                                                                      passes) * world
-    cost = predicted_cost_interval(shapes, a, config, rates, baseline_flops)
+    cost = predicted_cost_interval(shapes, a, config, rates, baseline_flops, cpu_ranks=cpu_ranks)
     inv_every = config.inv_update_steps_at(0, rows=rows, cost=cost)
     plan_traffic = traffic(shapes, a, config, inv_every=inv_every, cpu_ranks=cpu_ranks)
     return {
@@ -158,5 +161,5 @@ def make_plan(shapes: ModelShapes, config: KFACConfig, *, world: int, micro_batc
         "decomposition_imbalance": bal.imbalance, "decomposition_imbalance_bound": bal.bound,
         "overhead": None if rates is None else overhead(
             shapes, a, config, rates, tokens=micro_batch * seq, passes=passes, traffic_plan=plan_traffic,
-            baseline_flops=baseline_flops),
+            baseline_flops=baseline_flops, cpu_ranks=cpu_ranks),
     }

@@ -26,7 +26,10 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         torch.set_num_threads(threads)
     suite = json.loads((out / "gpu_suite.json").read_text())
     assert code == 0, suite
-    assert list(suite["parts"]) == ["tests", "step_cost", "eigh", "diagnose"]
+    assert list(suite["parts"]) == ["tests", "defaults", "step_cost", "eigh", "diagnose"]
+    defaults = json.loads((out / "gpu_defaults.json").read_text())
+    assert [c["size"] for c in defaults["cases"]] == ["tiny"] and defaults["cases"][0]["cost_interval"] is not None
+    assert defaults["cases"][0]["overhead"] > -1 and not defaults["skipped"]
     diag = json.loads((out / "gpu_diagnose.json").read_text())
     assert [r["speedup"] > 0 for r in diag["alignment"]] == [True] * 3
     assert diag["fp16_exact"]["grams"] > 0 and diag["fp16_exact"]["nonfinite_outputs"] == []

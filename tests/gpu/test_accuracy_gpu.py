@@ -20,3 +20,15 @@ def test_accuracy_runs_its_model_and_preconditioners_on_the_device(device: torch
     assert rows["1:fp32"]["precond_grad_err"] == 0
     assert rows["0.25:fp32:0.5"]["factor_err_one_window"] > 0.01
     assert res["settings"]["device"] == str(device)
+
+
+def test_cuda_statistics_in_bf16_stay_within_bf16_rounding_of_fp32(device: torch.device) -> None:
+    """FP32 inputs on CUDA go through a BF16 GEMM with FP32 accumulation: the statistic is within BF16's rounding
+    (relative 2⁻⁸ per input, averaged over the rows) of the FP64 one."""
+    from kaisa_ds.factors.statistics import gram
+
+    x = torch.randn(4096, 256, device=device, generator=torch.Generator(device).manual_seed(0))
+    got = gram(x)
+    want = (x.double().t() @ x.double()).float()
+    assert got.dtype == torch.float32
+    assert float((got - want).norm() / want.norm()) < 2**-8

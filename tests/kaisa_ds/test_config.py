@@ -184,3 +184,14 @@ def test_inv_update_steps_takes_auto_and_refuses_other_words_by_key() -> None:
         KFACConfig(inv_update_steps="auto").value("inv_update_steps", 0)
     assert KFACConfig(inv_update_steps=7).inv_update_steps_at(3, rows=8192) == 7
     assert KFACConfig(inv_update_steps="auto").inv_update_steps_at(3, rows=8192) == 10
+
+
+def test_the_default_method_is_the_eigenbasis_refresh_on_cuda_and_exact_eigh_elsewhere() -> None:
+    from kaisa_ds.enums import ComputeMethod
+
+    auto, pinned = KFACConfig(), KFACConfig(compute_method="eigen")
+    assert auto.method_on(torch.device("cuda")) is ComputeMethod.EIGEN_REFRESH
+    assert auto.method_on(torch.device("cpu")) is auto.method_on(None) is ComputeMethod.EIGEN
+    assert auto.method is ComputeMethod.EIGEN  # the layout a checkpoint or a receiver allocates, on every device
+    assert pinned.method_on(torch.device("cuda")) is ComputeMethod.EIGEN
+    assert type(KFACPreconditioner(TinyMLP()).grouped.method).__name__ == "EigenMethod"  # on this CPU

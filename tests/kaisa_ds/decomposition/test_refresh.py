@@ -45,7 +45,7 @@ def _cosine_to_exact(dec: Decomposition, f: torch.Tensor) -> float:
 
 
 def test_the_first_decomposition_is_exact_and_an_unchanged_factor_keeps_its_basis() -> None:
-    method = RefreshMethod()
+    method = RefreshMethod(keep=0.01)  # the default never keeps a basis untouched; this one keeps a right one
     f = _power_law(32, 0)
     first = method.compute(f, diagonal=False, damping=RELATIVE, dtype=torch.float32)
     assert (method.last.exact, method.last.kept) == (1, 0)
@@ -54,6 +54,11 @@ def test_the_first_decomposition_is_exact_and_an_unchanged_factor_keeps_its_basi
     assert (method.last.kept, method.last.refreshed, method.last.exact) == (1, 0, 0)
     assert torch.equal(again.eigvecs, first.eigvecs)  # type: ignore[arg-type]
     assert _cosine_to_exact(again, f) > 0.9999
+    method = RefreshMethod()  # the defaults: refreshed, and still the exact preconditioner
+    method.compute(f, diagonal=False, damping=RELATIVE, dtype=torch.float32)
+    method.start_round()
+    refreshed = method.compute(f, diagonal=False, damping=RELATIVE, dtype=torch.float32, previous=first)
+    assert method.last.refreshed == 1 and _cosine_to_exact(refreshed, f) > 0.9999
 
 
 def test_a_drifted_factor_is_refreshed_to_the_exact_preconditioner() -> None:
@@ -90,7 +95,7 @@ def test_a_batch_decides_per_factor_as_single_calls_do() -> None:
     """One batched call over a kept, a drifted and an unrelated factor gives what three single calls give."""
     f0 = {f"f{i}": _power_law(40, i) for i in range(3)}
     now = {"f0": f0["f0"], "f1": _drift(f0["f1"], 3, 50), "f2": _power_law(40, 99)}
-    method = RefreshMethod()
+    method = RefreshMethod(keep=0.01)  # keeps f0's basis, which is still exact
     first = decompose_all({n: (f, False) for n, f in f0.items()}, method=method, damping=RELATIVE,
                           compute_dtype=torch.float32, out_dtype=torch.float32)
     previous = {n: d for n, d in first.items() if d is not None}
@@ -99,7 +104,7 @@ def test_a_batch_decides_per_factor_as_single_calls_do() -> None:
     report = method.report()
     assert report["kept"] == 1 and report["kept"] + report["refreshed"] + report["exact"] == 3
     for name, f in now.items():
-        single = RefreshMethod().compute(f, diagonal=False, damping=RELATIVE, dtype=torch.float32,
+        single = RefreshMethod(keep=0.01).compute(f, diagonal=False, damping=RELATIVE, dtype=torch.float32,
                                          previous=previous[name])
         got = batched[name]
         assert got is not None and got.eigvecs is not None and single.eigvecs is not None
