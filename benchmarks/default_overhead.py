@@ -3,7 +3,8 @@ train side by side on the same batches, steps alternating, one optimizer in both
 K-FAC at every default
 (``KFACPreconditioner(model)``: the statistics, the decomposition interval and its cost rule, the method, all as
 shipped). The overhead is the K-FAC copy's mean step time over the baseline's, over the steps after the cost rule has
-set the interval (the steady state); the K-FAC stages' seconds per step say where it goes.
+set the interval, timing the K-FAC copy's own steps alone as a real run would (the steady state); the K-FAC stages'
+seconds per step say where it goes.
 
     python -m benchmarks.default_overhead                        # BERT-mini, 64 x 128 tokens, 150 steady steps
     python -m benchmarks.default_overhead --size tiny --batch 32 --seq 64 --steps 40   # a quick look
@@ -63,27 +64,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     autocast = {"fp32": None, "bf16": torch.bfloat16}[args.dtype]
     times: dict[str, list[float]] = {"baseline": [], "kfac": []}
     stages: list[dict[str, float]] = []
-    steady_from: int | None = None
-    total = args.warmup_limit + args.steps
-    for step in tqdm(range(total), desc="steps", unit="step"):
-        batch = batches[step % len(batches)]
-        first, second = (("baseline", "kfac") if step % 2 == 0 else ("kfac", "baseline"))  # alternate the order
-        for name in (first, second):
-            model, opt = (base, opts[0]) if name == "baseline" else (kfac_model, opts[1])
-            seconds = _train_step(model, opt, batch, precond if name == "kfac" else None, autocast=autocast)
-            if steady_from is not None:
-                times[name].append(seconds)
-        if steady_from is not None:
-            stages.append(dict(precond.timings))
-        elif precond.cost_interval is not None or (step + 1 >= args.warmup_limit):
-            steady_from = step + 1  # the interval is set: measure from the next step on
-        if steady_from is not None and len(times["kfac"]) >= args.steps:
+    # warm-up: the K-FAC copy alone, as in a real run, until the cost rule has timed its own steps and set the interval
+    warmup = 0
+    for warmup in tqdm(range(args.warmup_limit), desc="warm-up (K-FAC alone)", unit="step"):
+        _train_step(kfac_model, opts[1], batches[warmup % len(batches)], precond, autocast=autocast)
+        if precond.cost_interval is not None:
             break
+    _train_step(base, opts[0], batches[0], None, autocast=autocast)  # the baseline's first step is not measured
+    steady_from = precond.steps
+    for step in tqdm(range(args.steps), desc="steady (side by side)", unit="step"):
+        batch = batches[step % len(batches)]
+        order = ("baseline", "kfac") if step % 2 == 0 else ("kfac", "baseline")  # alternate which runs first
+        for name in order:
+            model, opt = (base, opts[0]) if name == "baseline" else (kfac_model, opts[1])
+            times[name].append(_train_step(model, opt, batch, precond if name == "kfac" else None,
+                                           autocast=autocast))
+        stages.append(dict(precond.timings))
     mean = {k: sum(v) / len(v) for k, v in times.items()}
     per_stage = {s: sum(st[s] for st in stages) / len(stages) for s in STAGES}
     capture = per_stage["factor_capture"]
     return {
-        "machine": machine(), "settings": vars(args), "steady_from_step": steady_from,
+        "machine": machine(), "settings": vars(args), "steady_from_step": steady_from, "warmup_steps": warmup + 1,
         "inv_update_steps": precond.inv_update_steps(), "cost_interval": precond.cost_interval,
         "statistic_rows": precond.statistic_rows, "steady_steps": len(times["kfac"]),
         "baseline_step_s": mean["baseline"], "kfac_step_s": mean["kfac"],

@@ -12,7 +12,6 @@ hf_trainer_mlm.py. At the end rank 0 prints one summary line, with what K-FAC pr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # text_data, beside th
 
 import torch
 from datasets import Dataset
-from text_data import VOCAB_SIZE, DataError, build_tokenizer, check_blocks, generated_lines, read_lines
+from text_data import VOCAB_SIZE, check_flags, prepare
 from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import kaisa_ds  # K-FAC
@@ -66,12 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
     args = parser.parse_args(argv)
-    if args.vocab is not None and args.vocab_size is not None:
-        parser.error("--vocab-size applies to a vocabulary learned on the text; with --vocab the file's size is "
-                     "used: leave one of them out")
-    for flag in ("max_steps", "batch_size", "grad_accum", "hidden", "layers", "save_steps"):
-        if getattr(args, flag) < 1:
-            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+    check_flags(parser, args)
     if args.seq_len < 2:
         parser.error("--seq-len must be at least 2 (a token and the one it predicts)")
     if args.hidden % 64:
@@ -81,13 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:  # the text and the vocabulary are checked on every rank before the ranks meet
-        lines = read_lines(args.text) if args.text is not None else generated_lines()
-        tokenizer = build_tokenizer(args, lines)
-        dataset = blocks(lines, tokenizer, args.seq_len)
-        check_blocks(len(dataset), args, world=int(os.environ.get("WORLD_SIZE", "1")))
-    except DataError as exc:
-        raise SystemExit(f"error: {exc}") from exc
+    tokenizer, dataset = prepare(args, blocks)  # checked on every rank before the ranks meet
     kaisa_ds.init_distributed()  # start torch.distributed through DeepSpeed (threads per CPU rank, no shm op build)
 
     model = decoder(len(tokenizer), args)

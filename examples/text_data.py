@@ -10,9 +10,11 @@ helpers refuse a vocabulary too small for the text or one that turns the text in
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from bert_pretrain.data.tokenizer import (
     vocab_digest,
 )
 
-__all__ = ["VOCAB_SIZE", "DataError", "build_tokenizer", "check_blocks", "generated_lines", "read_lines"]
+__all__ = ["VOCAB_SIZE", "DataError", "build_tokenizer", "check_blocks", "check_flags", "generated_lines", "prepare",
+           "read_lines"]
 
 
 def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
@@ -94,3 +97,26 @@ def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> Any:
 
 
 VOCAB_SIZE = 4000  # of a vocabulary learned on the text
+
+
+def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags both examples share: counts of at least 1, and --vocab or --vocab-size, not both."""
+    if args.vocab is not None and args.vocab_size is not None:
+        parser.error("--vocab-size applies to a vocabulary learned on the text; with --vocab the file's size is "
+                     "used: leave one of them out")
+    for flag in ("max_steps", "batch_size", "grad_accum", "hidden", "layers", "save_steps"):  # 0 steps: 3 epochs
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
+
+
+def prepare(args: argparse.Namespace, make_blocks: Callable[[list[str], Any, int], Any]) -> tuple[Any, Any]:
+    """The tokenizer and the dataset of --text (or generated sentences), checked on every rank before the ranks meet:
+    a problem exits naming the flag."""
+    try:
+        lines = read_lines(args.text) if args.text is not None else generated_lines()
+        tokenizer = build_tokenizer(args, lines)
+        dataset = make_blocks(lines, tokenizer, args.seq_len)
+        check_blocks(len(dataset), args, world=int(os.environ.get("WORLD_SIZE", "1")))
+    except DataError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    return tokenizer, dataset

@@ -107,12 +107,20 @@ class ModuleHelper:
     def g_statistic(self, grad_out: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
         return st.output_grad_sum(grad_out, channels_dim=self.g_channels_dim, select=select, diagonal=self.diagonal_g)
 
+    def weight_matrix(self, grad: torch.Tensor) -> torch.Tensor:
+        """The weight's gradient as the (out, in) matrix of the layer's math (flattened: a convolution's)."""
+        return grad.reshape(grad.shape[0], -1)
+
+    def weight_from_matrix(self, mat: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`weight_matrix`, up to the weight's own shape (a view where it can be)."""
+        return mat
+
     def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
         """``[∇W | ∇b]`` as (out, in) in FP32, or None when the weight has no gradient."""
         gw = accessor.get(self.weight)
         if gw is None:
             return None
-        mat = gw.reshape(gw.shape[0], -1).float()
+        mat = self.weight_matrix(gw).float()
         bias = self.bias
         if bias is not None:
             gb = accessor.get(bias)
@@ -124,8 +132,8 @@ class ModuleHelper:
         """A (out, in) matrix as the weight's (and bias's) gradients: views of it, the weight's flattened to 2-D."""
         bias = self.bias
         if bias is None:
-            return [(self.weight, mat)]
-        return [(self.weight, mat[:, :-1]), (bias, mat[:, -1])]
+            return [(self.weight, self.weight_from_matrix(mat))]
+        return [(self.weight, self.weight_from_matrix(mat[:, :-1])), (bias, mat[:, -1])]
 
 
 class LinearHelper(ModuleHelper):
@@ -167,12 +175,11 @@ class EmbeddingHelper(ModuleHelper):
     def a_statistic(self, inp: torch.Tensor, select: st.Rows = st.keep_all) -> tuple[torch.Tensor, int]:
         return st.embedding_input_sum(inp, self.a_dim)  # token counts: cheap, always from every token
 
-    def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
-        gw = accessor.get(self.weight)
-        return None if gw is None else gw.float().t()
+    def weight_matrix(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.t()  # the table is (vocab, width): the math's matrix is (width, vocab)
 
-    def grad_parts(self, mat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
-        return [(self.weight, mat.t())]
+    def weight_from_matrix(self, mat: torch.Tensor) -> torch.Tensor:
+        return mat.t()
 
 
 class Conv1DHelper(LinearHelper):
@@ -187,23 +194,11 @@ class Conv1DHelper(LinearHelper):
     def g_dim(self) -> int:
         return int(self.weight.shape[1])
 
-    def grad_matrix(self, accessor: GradAccessor) -> torch.Tensor | None:
-        gw = accessor.get(self.weight)
-        if gw is None:
-            return None
-        mat = gw.float().t()
-        bias = self.bias
-        if bias is not None:
-            gb = accessor.get(bias)
-            gb = torch.zeros(mat.shape[0], device=mat.device) if gb is None else gb.float()
-            mat = torch.cat([mat, gb.reshape(-1, 1)], dim=1)
-        return mat
+    def weight_matrix(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad.t()
 
-    def grad_parts(self, mat: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
-        bias = self.bias
-        if bias is None:
-            return [(self.weight, mat.t())]
-        return [(self.weight, mat[:, :-1].t()), (bias, mat[:, -1])]
+    def weight_from_matrix(self, mat: torch.Tensor) -> torch.Tensor:
+        return mat.t()
 
 
 class ScaledEmbeddingHelper(EmbeddingHelper):

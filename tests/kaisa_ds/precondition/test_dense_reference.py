@@ -98,6 +98,16 @@ def _grad_matrix(module: nn.Module) -> torch.Tensor:
     return mat
 
 
+def _reference_step(method: str, a: torch.Tensor, g: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The preconditioned gradient by the definitions: the dense ``(A ⊗ G + γI)⁻¹ vec(∇)`` (eigen), or each factor's
+    damped inverse (inverse)."""
+    if method == "eigen":
+        dense = torch.kron(a, g) + DAMPING * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
+        return _unvec(torch.linalg.solve(dense, _vec(grad)), *grad.shape)
+    eye = lambda n: torch.eye(n, dtype=torch.float64)  # noqa: E731
+    return torch.linalg.solve(g + DAMPING * eye(g.shape[0]), grad) @ torch.linalg.inv(a + DAMPING * eye(a.shape[0]))
+
+
 CASES = {
     "linear-2d": (TinyMLP, lambda: torch.randn(7, 6)),
     "linear-3d-embedding": (TinyTransformerish, lambda: torch.randint(0, 11, (3, 4))),
@@ -127,13 +137,7 @@ def test_matches_dense_kronecker_reference(case: str, method: str) -> None:
         torch.testing.assert_close(layer.a_factor.double(), a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(layer.g_factor.double(), g, rtol=1e-4, atol=1e-6)
         grad = raw[name]
-        if method == "eigen":
-            dense = torch.kron(a, g) + DAMPING * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
-            want = _unvec(torch.linalg.solve(dense, _vec(grad)), *grad.shape)
-        else:
-            eye = lambda n: torch.eye(n, dtype=torch.float64)  # noqa: E731
-            want = torch.linalg.solve(g + DAMPING * eye(g.shape[0]), grad) @ torch.linalg.inv(
-                a + DAMPING * eye(a.shape[0]))
+        want = _reference_step(method, a, g, grad)
         torch.testing.assert_close(_grad_matrix(module), want, rtol=2e-3, atol=1e-5,
                                    msg=lambda m, n=name: f"{case}/{method} {n}: {m}")
 
@@ -231,11 +235,5 @@ def test_factors_above_max_factor_dim_keep_their_diagonal_and_match_the_dense_re
         torch.testing.assert_close(layer.a_factor.double(), a, rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(layer.g_factor.double(), g, rtol=1e-4, atol=1e-6)
         grad = raw[name]
-        if method == "eigen":
-            dense = torch.kron(a, g) + DAMPING * torch.eye(a.shape[0] * g.shape[0], dtype=torch.float64)
-            want = _unvec(torch.linalg.solve(dense, _vec(grad)), *grad.shape)
-        else:
-            eye = lambda n: torch.eye(n, dtype=torch.float64)  # noqa: E731
-            want = torch.linalg.solve(g + DAMPING * eye(g.shape[0]), grad) @ torch.linalg.inv(
-                a + DAMPING * eye(a.shape[0]))
+        want = _reference_step(method, a, g, grad)
         torch.testing.assert_close(_grad_matrix(module), want, rtol=2e-3, atol=1e-5)
