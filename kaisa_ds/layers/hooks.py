@@ -29,6 +29,18 @@ InputCallback = Callable[[str, torch.Tensor, int | None], None]  # (layer, input
 GradCallback = Callable[[str, torch.Tensor, int | None], None]  # (layer, output gradient, its forward pass id)
 
 
+def _first_tensor(values: Any, depth: int = 2) -> torch.Tensor | None:
+    """The first tensor of rank ≥ 1 among ``values``, looking into dicts, lists and tuples (a batch dict)."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return value
+        if depth and isinstance(value, (dict, list, tuple)):
+            found = _first_tensor(value.values() if isinstance(value, dict) else value, depth - 1)
+            if found is not None:
+                return found
+    return None
+
+
 class HookCapture:
     """Registers the hooks and forwards tensors to callbacks while ``enabled()`` is true."""
 
@@ -57,7 +69,7 @@ class HookCapture:
     def _new_pass(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.pass_id = 0 if self.pass_id is None else self.pass_id + 1
         self._calls_now = {}
-        first = next((t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.dim() > 0), None)
+        first = _first_tensor((*args, *kwargs.values()))
         self.samples = int(first.shape[0]) if first is not None else self.samples  # batch-first inputs
 
     @property

@@ -49,3 +49,27 @@ def test_factor_update_interval_limits_capture() -> None:
         captured.append(precond.layers["out"].g.has_window)
         precond.step()
     assert captured == [True, False, False, True, False, False]
+
+
+def test_the_batch_size_is_read_from_the_models_first_tensor_input_also_inside_a_batch_dict() -> None:
+    """The noise scale counts samples by the batch dimension of the model's input: a tensor argument, a keyword, or
+    the first tensor of a batch dict (bert_pretrain's wrapper takes one)."""
+    from torch import nn
+
+    from kaisa_ds.layers.hooks import HookCapture
+
+    class TakesADict(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            return self.fc(batch["x"])
+
+    model = TakesADict()
+    capture = HookCapture(enabled=lambda: True, on_input=lambda *a: None, on_output_grad=lambda *a: None)
+    capture.attach_model(model)
+    model({"mask": torch.ones(5, 7), "x": torch.randn(5, 3)})
+    assert capture.samples == 5 and capture.pass_id == 0
+    model(batch={"x": torch.randn(9, 3)})
+    assert capture.samples == 9 and capture.pass_id == 1
