@@ -37,7 +37,7 @@ from kaisa_ds.schedules import (
 GradWorkerFraction = float | DistributedStrategy | str
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 DEFAULT_MAX_FACTOR_DIM = 8192  # 256 MiB in FP32: BERT-Large's 4,096 and GPT-2 XL's 6,400 are whole, a vocabulary not
-DEFAULT_MAX_STATISTIC_ROWS = 16384  # BERT-Large: 16,384 tokens move the step by 10% (gpu/h100_2026-11-27/call6)
+DEFAULT_MAX_STATISTIC_ROWS = 2048  # rule 8: a quarter of the large regime's rows trained as well (defaults_rule_8.md)
 COUNTS = (("accumulation_steps", True, "backward passes per step(); under DeepSpeed, gradient_accumulation_steps"),
           ("max_decomposition_failures", False, "failed decompositions of one factor in a row that stop training"),
           ("max_factor_dim", True, "the largest factor kept whole; larger ones keep their diagonal"),

@@ -186,7 +186,7 @@ def test_a_factor_update_takes_in_at_most_max_statistic_rows() -> None:
     capped, precond = rows_of_second_update(max_statistic_rows=128)
     assert capped == 128 and precond.statistic_rows == 512
     assert rows_of_second_update(max_statistic_rows=None)[0] == 512
-    assert rows_of_second_update()[0] == 512  # the default cap (16,384 rows) is far above this batch
+    assert rows_of_second_update()[0] == 512  # the default cap (2,048 rows) is above this batch
     resumed = KFACPreconditioner(TinyMLP(), max_statistic_rows=128)
     resumed.load_state_dict(precond.state_dict())
     assert resumed.feed.sampler.fraction == 0.25
