@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--factor-update-steps", type=int)
     k.add_argument("--inv-update-steps", type=_interval, help="an integer, or 'auto' (the default: set by the "
                    "statistic rows per factor update)")
-    k.add_argument("--compute-method", help="eigen or inverse")
+    k.add_argument("--compute-method", help=f"{', '.join(sorted(m.value for m in METHODS))} or auto")
+    k.add_argument("--max-statistic-rows", type=int, help="the rows one factor update takes in over every rank")
     k.add_argument("--symmetry-aware", action=argparse.BooleanOptionalAction, default=None)
     k.add_argument("--factor-sample-fraction", type=float)
     k.add_argument("--factor-pass-fraction", type=float)
@@ -119,7 +120,8 @@ def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None, *, bert: bo
              "inv_dtype": args.inv_dtype, "factor_update_steps": args.factor_update_steps,
              "inv_update_steps": args.inv_update_steps, "compute_method": args.compute_method,
              "symmetry_aware": args.symmetry_aware, "factor_sample_fraction": args.factor_sample_fraction,
-             "factor_pass_fraction": args.factor_pass_fraction, "skip_layers": args.skip_layers}
+             "factor_pass_fraction": args.factor_pass_fraction, "skip_layers": args.skip_layers,
+             "max_statistic_rows": args.max_statistic_rows}
     return KFACConfig.from_dict(options, **{key: v for key, v in flags.items() if v is not None})
 
 
