@@ -385,6 +385,7 @@ def test_a_recorded_run_is_reused_only_when_every_input_is_the_same(tmp_path: Pa
     assert json.loads(record.read_text())["inputs"]["vocab_sha256"]
 
 
+@pytest.mark.slow  # one more real launch; the quick tuning test above runs the harness end to end
 @REAL_DATA
 def test_a_run_evaluated_on_its_training_part_records_that_curve_under_its_own_key(tmp_path: Path) -> None:
     """--eval-train (same_day): bert_pretrain evaluates the training part beside the tune part, dropout off; the

@@ -16,6 +16,7 @@ def test_generated_text_has_the_size_asked_for(tmp_path: Path) -> None:
     assert path.read_text().count("\n\n") > 1000  # blank-line-separated documents
 
 
+@pytest.mark.slow
 def test_smoke_two_sizes_are_measured_side_by_side(tmp_path: Path) -> None:
     res = corpus_memory.run([1, 2], workdir=tmp_path)
     small, large = res["rows"]

@@ -17,6 +17,7 @@ from tests.support.launch import REPO_ROOT
 CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO_ROOT)}
 
 
+@pytest.mark.slow  # run it before a GPU session: python -m pytest -m slow tests/benchmarks/test_gpu_smoke.py
 def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
     out = tmp_path / "out"
     threads = torch.get_num_threads()

@@ -16,6 +16,9 @@ from tests.support.launch import run_deepspeed
 WORKER = str(Path(zoo_trainer_worker.__file__))
 
 
+# slow: the default suite runs the same path in the two example tests (test_example_causal_lm: a GQA Llama through
+# the Trainer and DeepSpeed ZeRO-1 on 2 ranks; test_examples: BERT); this one adds the coverage figure for both
+@pytest.mark.slow
 @pytest.mark.skipif(not real_data_present(), reason=SHARED_ABSENT)
 def test_gqa_decoder_and_encoder_train_with_kfac_through_the_trainer_and_deepspeed(tmp_path: Path) -> None:
     out = tmp_path / "zoo.json"
