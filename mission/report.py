@@ -242,4 +242,4 @@ def measured(settings: dict[str, Any]) -> str:
             "LAMB's final value; 'pretrain wall s' is the launcher's wall time of both phases (start-up, evaluation "
             "and saving included). One seed on a small model: `python -m benchmarks.mission_seeds` puts several "
             "seeds' reports side by side, and the convergence study's three seeds per regime are the evidence "
-            "(benchmarks/README.md#convergence); nothing here measures BERT-Large.")
+            "(docs/studies/defaults.md); nothing here measures BERT-Large.")
