@@ -21,18 +21,48 @@ def keep_all(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def gram(x: torch.Tensor) -> torch.Tensor:
-    """``xᵀ x`` in FP32. On CUDA the inputs are BF16 (FP16 ones stay FP16) in tensor-core GEMMs with FP32
-    accumulation and output: an FP32 input (a LayerNorm's output under BF16 autocast, an FP32 run) is rounded to BF16
-    first, as the step's physical cost asks (FP32 GEMMs miss the tensor cores), and an FP16 result cannot overflow.
-    Autocast is off here: the hooks run inside the user's ``torch.autocast``, which would make an FP32 input's product
-    FP16 (inf past 65504)."""
+def triangle_blocks(features: int, device: torch.device) -> int:
+    """How many column blocks :func:`gram` splits a CPU product into, computing only the blocks on and above the
+    diagonal. ``python -m benchmarks.gram_blocks`` (2 cores, 2,048 and 8,192 rows; benchmarks/results/gram_blocks.json)
+    found 2 blocks 0.76-0.88x a full product's time from 256 features up (not below), 4 blocks 0.65-0.75x from 1,024.
+    On CUDA one tensor-core GEMM: the split is unmeasured there."""
+    if device.type == "cuda" or features < 256:
+        return 1
+    return 4 if features >= 1024 else 2
+
+
+def gram(x: torch.Tensor, *, blocks: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``xᵀ x`` in FP32. On CUDA the inputs are BF16 (FP16 ones stay FP16) in tensor-core GEMMs
+    with FP32 accumulation and output: an FP32 input (a LayerNorm's output under BF16 autocast, an FP32 run) is
+    rounded to BF16 first, as the step's physical cost asks (FP32 GEMMs miss the tensor cores), and an FP16 result
+    cannot overflow. Elsewhere the product is computed in ``blocks`` column blocks (default
+    :func:`triangle_blocks`), the upper ones only, their transposes filling the rest. Autocast is off here: the
+    hooks run inside the user's ``torch.autocast``, which would make an FP32 input's product FP16 (inf past 65504).
+    ``out``: an FP32 (features, features) view to write into."""
+    d = x.shape[1]
+    k = triangle_blocks(d, x.device) if blocks is None else blocks
     with torch.autocast(x.device.type, enabled=False):
+        full: torch.Tensor | None = None
         if x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
             x = x.to(torch.bfloat16) if x.dtype == torch.float32 else x
-            return torch.mm(x.t(), x, out_dtype=torch.float32)
-        x = x.to(torch.float32)
-        return x.t() @ x
+            full = torch.mm(x.t(), x, out_dtype=torch.float32)
+        else:
+            x = x.to(torch.float32)
+            full = x.t() @ x if k <= 1 else None
+        if full is not None:
+            return full if out is None else out.copy_(full)
+        target = torch.empty(d, d, dtype=torch.float32, device=x.device) if out is None else out
+        edges = [round(i * d / k) for i in range(k + 1)]
+        for i in range(k):
+            rows = slice(edges[i], edges[i + 1])
+            xi = x[:, rows]
+            target[rows, rows] = xi.t() @ xi
+            for j in range(i + 1, k):
+                cols = slice(edges[j], edges[j + 1])
+                block = xi.t() @ x[:, cols]
+                target[rows, cols] = block
+                target[cols, rows] = block.t()
+        return target
 
 
 def diagonal_sum(x: torch.Tensor) -> torch.Tensor:
@@ -56,7 +86,7 @@ def second_moment_sum(rows: torch.Tensor, *, append_ones: bool = False, select: 
     if not append_ones:
         return gram(x), n
     out = torch.empty(d + 1, d + 1, dtype=torch.float32, device=x.device)
-    out[:d, :d] = gram(x)
+    gram(x, out=out[:d, :d])
     col = x.sum(0, dtype=torch.float32)
     out[:d, d] = col
     out[d, :d] = col
