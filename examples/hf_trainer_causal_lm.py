@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # text_data, beside th
 
 import torch
 from datasets import Dataset
-from text_data import VOCAB_SIZE, check_flags, prepare
+from text_data import add_run_flags, add_text_flags, check_flags, prepare
 from transformers import DataCollatorForLanguageModeling, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import kaisa_ds  # K-FAC
@@ -45,25 +45,14 @@ def decoder(vocab: int, args: argparse.Namespace) -> LlamaForCausalLM:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deepspeed", required=True, help="DeepSpeed JSON with a \"kfac\" section")
-    parser.add_argument("--output", default="runs/hf_trainer_causal_lm")
-    parser.add_argument("--text", type=Path, help="training text, one line per document or sentence")
-    parser.add_argument("--max-steps", type=int, default=200)
+    add_text_flags(parser, output="runs/hf_trainer_causal_lm")
     parser.add_argument("--batch-size", type=int, default=8, help="per rank and micro-step")
     parser.add_argument("--grad-accum", type=int, default=2, help="micro-steps per optimizer step")
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per block")
     parser.add_argument("--hidden", type=int, default=128, help="hidden size (one query head per 32)")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (and at the end)")
-    parser.add_argument("--vocab", type=Path, help="a BERT vocab.txt (default: learn one on the text)")
-    parser.add_argument("--vocab-size", type=int, help=f"size of the vocabulary learned without --vocab (default: "
-                        f"{VOCAB_SIZE})")
-    parser.add_argument("--cased", action="store_true", help="keep capitals (a cased --vocab needs it)")
-    parser.add_argument("--bf16", action="store_true", help="bf16 through DeepSpeed (the config's bf16.enabled: "
-                        "\"auto\")")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
-    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
+    add_run_flags(parser)
     args = parser.parse_args(argv)
     check_flags(parser, args)
     if args.seq_len < 2:

@@ -33,8 +33,8 @@ from bert_pretrain.data.tokenizer import (
     vocab_digest,
 )
 
-__all__ = ["VOCAB_SIZE", "DataError", "build_tokenizer", "check_blocks", "check_flags", "generated_lines", "prepare",
-           "read_lines"]
+__all__ = ["VOCAB_SIZE", "DataError", "add_run_flags", "add_text_flags", "build_tokenizer", "check_blocks",
+           "check_flags", "generated_lines", "prepare", "read_lines"]
 
 
 def generated_lines(count: int = 2000, seed: int = 0) -> list[str]:
@@ -97,6 +97,27 @@ def build_tokenizer(args: argparse.Namespace, lines: list[str]) -> Any:
 
 
 VOCAB_SIZE = 4000  # of a vocabulary learned on the text
+
+
+def add_text_flags(parser: argparse.ArgumentParser, *, output: str) -> None:
+    """The flags both examples open with: the DeepSpeed JSON, where the run goes, its text and its length."""
+    parser.add_argument("--deepspeed", required=True, help="DeepSpeed JSON with a \"kfac\" section")
+    parser.add_argument("--output", default=output)
+    parser.add_argument("--text", type=Path, help="training text, one line per document or sentence")
+    parser.add_argument("--max-steps", type=int, default=200)
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags both examples end with: checkpoints, the vocabulary, bf16, resume and the launcher's rank."""
+    parser.add_argument("--save-steps", type=int, default=100, help="checkpoint every N steps (and at the end)")
+    parser.add_argument("--vocab", type=Path, help="a BERT vocab.txt (default: learn one on the text)")
+    parser.add_argument("--vocab-size", type=int, help=f"size of the vocabulary learned without --vocab (default: "
+                        f"{VOCAB_SIZE}; a small text gives fewer)")
+    parser.add_argument("--cased", action="store_true", help="keep capitals (a cased --vocab needs it)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 through DeepSpeed (the config's bf16.enabled: "
+                        "\"auto\", true or absent)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --output")
+    parser.add_argument("--local_rank", type=int, default=-1, help="set by the deepspeed launcher")
 
 
 def check_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
