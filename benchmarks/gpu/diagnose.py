@@ -66,10 +66,10 @@ def fp16_exact(ctx: Context, batch: int) -> dict[str, Any]:
     dtype = "bf16" if ctx.smoke else "fp16"
     run = StepCostRun(step_args(ctx, dtype=dtype, batch=batch, sample_fraction=1.0), ctx.device)
     grams: list[dict[str, Any]] = []
-    original: Callable[[torch.Tensor], torch.Tensor] = statistics.gram
+    original: Callable[..., torch.Tensor] = statistics.gram
 
-    def checked(x: torch.Tensor) -> torch.Tensor:
-        out = original(x)
+    def checked(x: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # gram's keywords (blocks, out) pass through
+        out = original(x, **kwargs)
         grams.append({"shape": list(x.shape), "dtype": str(x.dtype), "input_finite": bool(torch.isfinite(x).all()),
                       "input_amax": float(x.float().abs().amax()), "output_finite": bool(torch.isfinite(out).all()),
                       "output_amax": float(out.abs().amax())})
