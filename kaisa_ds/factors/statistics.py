@@ -31,35 +31,40 @@ def triangle_blocks(features: int, device: torch.device) -> int:
     return 4 if features >= 1024 else 2
 
 
+def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in FP32: half-precision (CUDA) operands accumulate and return FP32."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a @ b
+
+
 def gram(x: torch.Tensor, *, blocks: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``xᵀ x`` in FP32. On CUDA the inputs are BF16 (FP16 ones stay FP16) in tensor-core GEMMs
     with FP32 accumulation and output: an FP32 input (a LayerNorm's output under BF16 autocast, an FP32 run) is
     rounded to BF16 first, as the step's physical cost asks (FP32 GEMMs miss the tensor cores), and an FP16 result
-    cannot overflow. Elsewhere the product is computed in ``blocks`` column blocks (default
-    :func:`triangle_blocks`), the upper ones only, their transposes filling the rest. Autocast is off here: the
-    hooks run inside the user's ``torch.autocast``, which would make an FP32 input's product FP16 (inf past 65504).
+    cannot overflow. With ``blocks`` > 1 (default :func:`triangle_blocks`) the product is computed in column blocks,
+    the upper ones only, their transposes filling the rest. Autocast is off here: the hooks run inside the user's
+    ``torch.autocast``, which would make an FP32 input's product FP16 (inf past 65504).
     ``out``: an FP32 (features, features) view to write into."""
     d = x.shape[1]
     k = triangle_blocks(d, x.device) if blocks is None else blocks
     with torch.autocast(x.device.type, enabled=False):
-        full: torch.Tensor | None = None
         if x.is_cuda and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
             x = x.to(torch.bfloat16) if x.dtype == torch.float32 else x
-            full = torch.mm(x.t(), x, out_dtype=torch.float32)
         else:
             x = x.to(torch.float32)
-            full = x.t() @ x if k <= 1 else None
-        if full is not None:
+        if k <= 1:
+            full = _product(x.t(), x)
             return full if out is None else out.copy_(full)
         target = torch.empty(d, d, dtype=torch.float32, device=x.device) if out is None else out
         edges = [round(i * d / k) for i in range(k + 1)]
         for i in range(k):
             rows = slice(edges[i], edges[i + 1])
             xi = x[:, rows]
-            target[rows, rows] = xi.t() @ xi
+            target[rows, rows] = _product(xi.t(), xi)
             for j in range(i + 1, k):
                 cols = slice(edges[j], edges[j + 1])
-                block = xi.t() @ x[:, cols]
+                block = _product(xi.t(), x[:, cols])
                 target[rows, cols] = block
                 target[cols, rows] = block.t()
         return target
