@@ -96,6 +96,7 @@ class Diagnostics:
         in force, decomposition age, skipped/failed counts, min/max eigenvalues per layer group held here, the last
         decomposition's effectiveness check and round, the coverage, and the gradient noise scale."""
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
+        b_simple = None if noise is None else noise.b_simple()
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
             "damping": self.damping, "damping_mode": self.damping_mode.value, "lr": self.lr,
@@ -106,6 +107,6 @@ class Diagnostics:
             "unpreconditioned_layers": list(self.unpreconditioned),
             "coverage": self.coverage,
             "decomposition_round": dict(self.method_report),
-            "noise_scale": None if noise is None or noise.b_simple() is None else {
-                "b_simple": noise.b_simple(), **noise.last},  # in samples (the batch dimension), per step
+            "noise_scale": None if noise is None or b_simple is None else {
+                "b_simple": b_simple, **noise.last},  # in samples (the batch dimension), per step
         }

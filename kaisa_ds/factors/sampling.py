@@ -41,8 +41,7 @@ class RowSampler:
     def cap(self, *, rows_taken: int, max_rows: int | None) -> None:
         """Sample so that a factor update takes in at most ``max_rows`` rows, given the ``rows_taken`` of one
         (at the configured fraction); None: the configured fraction."""
-        full = rows_taken / self.configured
-        self.fraction = self.configured if max_rows is None else min(self.configured, max_rows / full)
+        self.fraction = capped_fraction(self.configured, rows_taken=rows_taken, max_rows=max_rows)
         self._step, self._cache = -1, {}
 
     @property
@@ -73,6 +72,12 @@ class RowSampler:
         """The sampled rows of a (samples, features) matrix (``x`` itself at fraction 1)."""
         idx = self.indices(x.shape[0], step=step, pass_index=pass_index, device=x.device)
         return x if idx is None else x.index_select(0, idx)
+
+
+def capped_fraction(fraction: float, *, rows_taken: float, max_rows: int | None) -> float:
+    """The sample fraction under ``max_statistic_rows``: ``rows_taken`` rows per factor update at ``fraction``
+    become at most ``max_rows`` (None: no cap)."""
+    return fraction if max_rows is None else min(fraction, max_rows / (rows_taken / fraction))
 
 
 def kept_rows(fraction: float, rows: int) -> int:

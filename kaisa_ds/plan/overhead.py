@@ -36,6 +36,12 @@ class Rates:
     def gemm_seconds(self, flops: float) -> float:
         return flops / (self.gemm_gflops * 1e9)
 
+    def baseline_seconds(self, baseline_flops: float | None) -> float | None:
+        """The step K-FAC is added to: the measured one, else the model's flops at the GEMM rate (None: neither)."""
+        if self.step_seconds is not None:
+            return self.step_seconds
+        return self.gemm_seconds(baseline_flops) if baseline_flops else None
+
     def wire_seconds(self, nbytes: float) -> float:
         return 0.0 if self.network_gbps is None else nbytes * 8 / (self.network_gbps * 1e9)
 

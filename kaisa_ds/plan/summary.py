@@ -8,7 +8,7 @@ from typing import Any
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.distributed.assignment import Assignment, resolve_grad_workers
-from kaisa_ds.factors.sampling import kept_passes, kept_rows
+from kaisa_ds.factors.sampling import capped_fraction, kept_passes, kept_rows
 from kaisa_ds.plan.balance import assign, balance
 from kaisa_ds.plan.memory import element_size, memory_per_rank, planned_inv_dtype, planned_method
 from kaisa_ds.plan.overhead import Rates
@@ -68,11 +68,10 @@ def traffic(shapes: ModelShapes, a: Assignment, config: KFACConfig, *, inv_every
 def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rates, *, tokens: int, passes: int,
              traffic_plan: dict[str, Any], baseline_flops: float | None, cpu_ranks: bool = False) -> dict[str, Any]:
     """Predicted K-FAC seconds per kind of step and amortised; as a share of the baseline step when known."""
-    rows = tokens * config.factor_sample_fraction  # per rank and pass
     stats_passes = kept_passes(config.factor_pass_fraction, passes)  # the pass subset that feeds the factors
-    total = rows * stats_passes * a.world
-    if config.max_statistic_rows is not None and total > config.max_statistic_rows:
-        rows *= config.max_statistic_rows / total  # the cap samples every rank's rows down alike
+    fraction = capped_fraction(config.factor_sample_fraction, max_rows=config.max_statistic_rows,
+                               rows_taken=tokens * config.factor_sample_fraction * stats_passes * a.world)
+    rows = tokens * fraction  # per rank and pass: the cap samples every rank's rows down alike
     stats_flops = stats_passes * sum(rows if f.diagonal else 2 * rows * f.dim * f.dim for f in shapes.factors.values())
     per_flop = method_for(planned_method(config, cpu_ranks=cpu_ranks)).matmuls_per_step
     precondition = [0.0] * a.world
@@ -93,8 +92,7 @@ def overhead(shapes: ModelShapes, a: Assignment, config: KFACConfig, rates: Rate
         seconds[name] = s
     period, counts = traffic_plan["period_steps"], traffic_plan["step_counts"]
     amortised = sum(counts[k] * seconds[k]["total"] for k in seconds) / period
-    baseline = rates.step_seconds if rates.step_seconds is not None else (
-        rates.gemm_seconds(baseline_flops) if baseline_flops else None)
+    baseline = rates.baseline_seconds(baseline_flops)
     return {"seconds_per_step_kind": seconds, "amortised_seconds": amortised,
             "baseline_step_seconds": baseline,
             "baseline_source": "measured (--step-seconds or calibration)" if rates.step_seconds is not None
@@ -119,8 +117,7 @@ def predicted_cost_interval(shapes: ModelShapes, a: Assignment, config: KFACConf
     """The interval the ``"auto"`` cost rule would set, from the rates (None: no rates or no baseline step)."""
     if rates is None or not config.auto_interval:
         return None
-    baseline = rates.step_seconds if rates.step_seconds is not None else (
-        rates.gemm_seconds(baseline_flops) if baseline_flops else None)
+    baseline = rates.baseline_seconds(baseline_flops)
     if not baseline:
         return None
     return cost_inv_update_steps(decomposition_seconds=round_seconds(shapes, a, config, rates, cpu_ranks=cpu_ranks),
