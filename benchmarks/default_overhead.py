@@ -14,7 +14,6 @@ seconds per step say where it goes.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Any
 
 import torch
@@ -23,8 +22,9 @@ from tqdm import tqdm
 from benchmarks.harness.batches import random_batch
 from benchmarks.harness.cli import parser
 from benchmarks.harness.machine import machine, machine_line
-from benchmarks.harness.models import bert_for_pretraining, pretraining_loss
+from benchmarks.harness.models import bert_for_pretraining, fwd_bwd
 from benchmarks.harness.output import publish, table
+from benchmarks.harness.timing import timed
 from kaisa_ds import KFACPreconditioner
 from kaisa_ds.optim.select import build_lamb
 from kaisa_ds.step import STAGES
@@ -32,19 +32,15 @@ from kaisa_ds.step import STAGES
 
 def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
                 precond: KFACPreconditioner | None, *, autocast: torch.dtype | None) -> float:
-    """One step's wall seconds (on a GPU synchronised at the end: the next step's timer starts on an idle device)."""
-    start = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    device = next(model.parameters()).device
-    with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-        loss = pretraining_loss(model, batch)
-    loss.backward()
-    if precond is not None:
-        precond.step()
-    opt.step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    """One step's wall seconds (on a GPU the queue drained around it: the next step's timer starts on an idle
+    device)."""
+    def step() -> None:
+        fwd_bwd(model, batch, autocast=autocast)
+        if precond is not None:
+            precond.step()
+        opt.step()
+
+    return timed(step, cuda=next(model.parameters()).is_cuda)
 
 
 def _optimizer(name: str, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -91,7 +87,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "overhead": mean["kfac"] / mean["baseline"] - 1.0,
         "stage_share_of_baseline": {s: v / mean["baseline"] for s, v in per_stage.items()},
         "hooks_share_of_baseline": capture / mean["baseline"],
-        "coverage": precond.coverage.summary()["share"], "compute_method": precond.config.method.value,
+        "coverage": precond.coverage.summary()["share"], "compute_method": precond.config.method_on(device).value,
     }
 
 
