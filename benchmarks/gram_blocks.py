@@ -16,7 +16,7 @@ Each figure is the blocked time over the full one, measured side by side; the de
 from __future__ import annotations
 
 import argparse
-import time
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,17 +24,8 @@ import torch
 from benchmarks.harness.cli import parser
 from benchmarks.harness.machine import machine, machine_line
 from benchmarks.harness.output import publish, table
+from benchmarks.harness.timing import timed
 from kaisa_ds.factors.statistics import gram
-
-
-def _seconds(x: torch.Tensor, blocks: int) -> float:
-    if x.is_cuda:
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    gram(x, blocks=blocks)
-    if x.is_cuda:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,7 +43,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             spent = dict.fromkeys(counts, 0.0)
             for _ in range(args.repeats):
                 for k in counts:  # alternating: drift in the machine's speed reaches every split alike
-                    spent[k] += _seconds(x, k)
+                    spent[k] += timed(partial(gram, x, blocks=k), cuda=x.is_cuda)
             full = spent[1] / args.repeats
             row: dict[str, Any] = {"rows": n_rows, "features": features, "full_ms": 1e3 * full}
             row.update({f"blocks{k}_ratio": spent[k] / spent[1] for k in args.blocks})
