@@ -48,10 +48,13 @@ def chain_method(spec: str) -> RefreshMethod:
     return RefreshMethod(keep=float(keep), exact_above=float(exact), steps=int(steps[0]) if steps else 2)
 
 
+def _clone(d: Decomposition) -> Decomposition:
+    """A private copy (the grouped preconditioner re-points decompositions at its stacks)."""
+    return Decomposition(*(t.clone() if t is not None else None for t in (d.eigvecs, d.eigvals, d.inverse)))
+
+
 def _copy(decs: dict[str, Decomposition]) -> dict[str, Decomposition]:
-    """Private copies (the grouped preconditioner re-points decompositions at its stacks)."""
-    return {n: Decomposition(*(t.clone() if t is not None else None for t in (d.eigvecs, d.eigvals, d.inverse)))
-            for n, d in decs.items()}
+    return {n: _clone(d) for n, d in decs.items()}
 
 
 def _precondition(precond: KFACPreconditioner, decs: dict[str, Decomposition],
@@ -68,22 +71,22 @@ def pairs_copy(pairs: dict[str, tuple[Decomposition, Decomposition]]) -> dict[st
     seen: dict[int, Decomposition] = {}
     out = {}
     for name, (a, g) in pairs.items():
-        out[name] = tuple(seen.setdefault(id(d), _copy({"x": d})["x"]) for d in (a, g))
+        out[name] = tuple(seen.setdefault(id(d), _clone(d)) for d in (a, g))
     return out  # type: ignore[return-value]
 
 
-WORST: dict[str, list[tuple[float, int, str]]] = {}  # chain -> (cosine, step, layer) of its 5 worst
+Worst = dict[str, list[tuple[float, int, str]]]  # chain -> (cosine, step, layer) of its 5 worst
 
 
-def _cosines(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], *, chain: str = "",
-             step: int = 0) -> list[float]:
+def _cosines(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor], *, worst: Worst, chain: str,
+             step: int) -> list[float]:
     out = []
     for n in ref:
         if n in got:
             c = torch.nn.functional.cosine_similarity(got[n].flatten().double(), ref[n].flatten().double(), dim=0)
             out.append(float(c))
-            WORST.setdefault(chain, []).append((float(c), step, n))
-    WORST[chain] = sorted(WORST.get(chain, []))[:5]
+            worst.setdefault(chain, []).append((float(c), step, n))
+    worst[chain] = sorted(worst.get(chain, []))[:5]
     return out
 
 
@@ -104,6 +107,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     cosines: dict[str, list[float]] = {c: [] for c in [*chains, "stale"]}
     counts: dict[str, list[int]] = {c: [0, 0, 0] for c in chains}
     seconds: dict[str, list[float]] = {c: [] for c in [*chains, "eigh_fp32"]}
+    worst: Worst = {}
     losses = []
     for step in tqdm(range(args.steps), desc="steps", unit="step"):
         batch = batches[step % len(batches)]
@@ -117,7 +121,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if decomposing and step > 0:
             seconds["eigh_fp32"].append(precond.timings["decomposition"])
             audit(precond, {n: g for n, g in grads.items() if g is not None}, chains, bases, cosines, counts,
-                  seconds)
+                  seconds, worst)
         elif decomposing:  # the first decomposition: every chain starts from the exact basis
             for c in chains:
                 bases[c] = _copy(dict(precond.decompositions))
@@ -135,12 +139,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "inv_update_steps": precond.config.inv_update_steps_at(0, rows=precond.statistic_rows),
             "eigh_round_s": sum(seconds["eigh_fp32"]) / max(1, len(seconds["eigh_fp32"])),
             "loss_first_last": [losses[0], sum(losses[-20:]) / len(losses[-20:])], "rows": rows,
-            "worst": {ch: [{"cosine": c, "step": st, "layer": ly} for c, st, ly in rows] for ch, rows in WORST.items()}}
+            "worst": {ch: [{"cosine": c, "step": st, "layer": ly} for c, st, ly in rows] for ch, rows in worst.items()}}
 
 
 def audit(precond: KFACPreconditioner, grads: dict[str, torch.Tensor], chains: dict[str, RefreshMethod],
           bases: dict[str, dict[str, Decomposition]], cosines: dict[str, list[float]], counts: dict[str, list[int]],
-          seconds: dict[str, list[float]]) -> None:
+          seconds: dict[str, list[float]], worst: Worst) -> None:
     """One decomposition: the FP64 reference, each chain's refresh from its own basis, the stale basis."""
     factors = {n: (f.value.float(), f.diagonal) for n, f in precond.factors().items() if f.value is not None}
     damping = precond.config.damping_at(precond.steps)
@@ -148,7 +152,8 @@ def audit(precond: KFACPreconditioner, grads: dict[str, torch.Tensor], chains: d
                           out_dtype=torch.float64)
     ref = _precondition(precond, {n: d for n, d in exact.items() if d is not None}, grads)
     first = next(iter(chains))
-    cosines["stale"] += _cosines(ref, _precondition(precond, bases[first], grads), chain="stale", step=precond.steps)
+    cosines["stale"] += _cosines(ref, _precondition(precond, bases[first], grads), worst=worst, chain="stale",
+                                 step=precond.steps)
     for c, method in chains.items():
         start = time.perf_counter()
         fresh = decompose_all(factors, method=method, damping=damping, compute_dtype=torch.float32,
@@ -158,7 +163,7 @@ def audit(precond: KFACPreconditioner, grads: dict[str, torch.Tensor], chains: d
         counts[c] = [counts[c][0] + int(report["kept"]), counts[c][1] + int(report["refreshed"]),
                      counts[c][2] + int(report["exact"])]
         bases[c] = {n: d for n, d in fresh.items() if d is not None}
-        cosines[c] += _cosines(ref, _precondition(precond, bases[c], grads), chain=c, step=precond.steps)
+        cosines[c] += _cosines(ref, _precondition(precond, bases[c], grads), worst=worst, chain=c, step=precond.steps)
 
 
 def report(res: dict[str, Any]) -> str:
