@@ -31,6 +31,7 @@ from benchmarks.harness.output import publish, table
 from bert_pretrain.data.tokenizer import vocab_tokens
 from kaisa_ds.layers.noise_scale import NoiseScale
 from kaisa_ds.optim.select import build_lamb
+from kaisa_ds.precondition.apply import fp32_norms
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -51,9 +52,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             loss = pretraining_loss(model, batches[step * args.passes + i]) / args.passes
             loss.backward()
             loss_sum += loss.item()
-        grad_sq = sum(p.grad.float().pow(2).sum() for p in params if p.grad is not None)
-        noise.update(grad_sq, samples_per_pass=args.batch, passes=args.passes, world=1,  # type: ignore[arg-type]
-                     grad_scale=1.0 / args.passes)
+        grad_sq = fp32_norms([p.grad for p in params if p.grad is not None]).square().sum()  # as K-FAC's step does
+        noise.update(grad_sq, samples_per_pass=args.batch, passes=args.passes, world=1, grad_scale=1.0 / args.passes)
         opt.step()
         sched.step()
         if (step + 1) % args.every == 0:
