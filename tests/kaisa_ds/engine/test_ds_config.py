@@ -39,6 +39,9 @@ def test_section_is_parsed_once_into_kfac_config() -> None:
     ({"relative_damping": 0}, r"^kfac\.relative_damping=0(\.0)? is not valid; allowed: > 0"),
     ({"relative_damping": {"initial": -1.0}}, r"^kfac\.relative_damping\.initial"),
     ({"damping": 1e-3, "relative_damping": 100}, r"^kfac\.damping and kfac\.relative_damping are both given"),
+    ({"max_statistic_rows": 0}, r"^kfac\.max_statistic_rows=0 is not valid; allowed: an integer >= 1 .* or null"),
+    ({"max_statistic_rows": "many"}, r"^kfac\.max_statistic_rows='many' is not valid"),
+    ({"decomposition_budget": 1.5}, r"^kfac\.decomposition_budget=1\.5 is not valid; allowed: a number in \(0, 1\]"),
 ])
 def test_bad_sections_fail_at_start_up_naming_the_key(section: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
