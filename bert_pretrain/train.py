@@ -34,6 +34,7 @@ from bert_pretrain.pins import check_pins, data_pins
 from bert_pretrain.preflight import check_args, check_fresh_output, finished_summary, given_vocab
 from kaisa_ds.checkpoint.atomic import write_atomic
 from kaisa_ds.engine.launch import init_distributed
+from kaisa_ds.engine.noise_probe import EngineNoiseProbe
 from kaisa_ds.report.metrics_log import MetricsError, MetricsLog
 
 logger = logging.getLogger("bert_pretrain")
@@ -195,6 +196,9 @@ def run(args: Namespace) -> dict[str, Any]:
     batches = iter(MicroBatches(train_set, micro_batch=micro, seed=args.seed, rank=rank, world=world,
                                 consumed=consumed))
     metrics = MetricsLog(out / "metrics.jsonl", enabled=rank == 0, resume_step=start if args.resume else None)
+    # without K-FAC the run still reports its gradient noise scale (a K-FAC run's is in its diagnostics)
+    noise = None if engine.kfac is not None else EngineNoiseProbe(engine, samples_per_pass=micro, world=world,
+                                                                   start_step=start)
     baseline = most_frequent_target(train_set)
     stop = min(max_steps, start + args.stop_after) if args.stop_after else max_steps
     bar = tqdm(total=max_steps, initial=start, desc=f"phase {args.phase}", unit="step", disable=rank != 0)
@@ -203,7 +207,8 @@ def run(args: Namespace) -> dict[str, Any]:
     for step in range(start + 1, stop + 1):
         faults.inject("step", rank=rank, step=step)
         t_step = time.perf_counter()
-        row = train_step(engine, module, batches, step=step, world=world, gas=gas, global_batch=global_batch)
+        row = train_step(engine, module, batches, step=step, world=world, gas=gas, global_batch=global_batch,
+                         noise=noise)
         elapsed += time.perf_counter() - t_step
         row["elapsed_s"] = round(elapsed, 4)  # training time only: evaluation and saving are not counted
         consumed += gas
@@ -268,16 +273,21 @@ def data_record(folder: Path, cache: Path, args: Namespace) -> dict[str, Any]:
 
 
 def train_step(engine: Any, module: PretrainingLoss, batches: Any, *, step: int, world: int, gas: int,
-               global_batch: int) -> dict[str, Any]:
-    """One optimizer step of ``gas`` micro-batches; the statistics are reduced over ranks once, at the end."""
+               global_batch: int, noise: EngineNoiseProbe | None = None) -> dict[str, Any]:
+    """One optimizer step of ``gas`` micro-batches; the statistics are reduced over ranks once, at the end.
+    ``noise``: a run without K-FAC measures its gradient noise scale there (``row["noise_scale"]``)."""
     from deepspeed import comm as dist
 
     t0 = time.perf_counter()
     lr = float(engine.get_lr()[0])  # the rate this step's update uses (the scheduler moves on in engine.step)
     totals = torch.zeros(len(STATS), device=engine.device)
+    if noise is not None:
+        noise.begin_step()
     for _ in range(gas):
         loss = engine(to_device(next(batches), engine.device))
         engine.backward(loss)
+        if noise is not None and engine.is_gradient_accumulation_boundary():
+            noise.at_boundary()
         engine.step()
         assert module.last is not None
         totals += module.last
@@ -293,6 +303,8 @@ def train_step(engine: Any, module: PretrainingLoss, batches: Any, *, step: int,
     if not torch.isfinite(totals[:3]).all() and not engine.fp16_enabled():
         raise FloatingPointError(f"non-finite loss {row['loss']} at step {step}; lower the learning rate in the "
                                  "config or check the data")
+    if noise is not None and step % noise.every == 0:
+        row["noise_scale"] = noise.snapshot()
     if engine.kfac is not None:
         row["kfac_ms"] = {k: round(v * 1000, 3) for k, v in engine.kfac.timings.items()}
         row["kfac_skipped_windows"] = int(engine.kfac.skipped_windows)

@@ -47,6 +47,11 @@ def test_learns_wikitext_with_a_trained_vocabulary(tmp_path: Path) -> None:
     assert 1000 <= _check_vocabulary(tmp_path / "run", summary) <= 2000
     assert summary["unk_share"] < 0.05
     assert summary["heldout_mlm_loss"] < rows[0]["mlm_loss"] - 0.8
+    # a run without K-FAC reports its gradient noise scale every 10th step, at the batch it stepped with
+    assert [r["step"] for r in rows if "noise_scale" in r] == [10, 20, 30, 40]
+    measured = [r["noise_scale"] for r in rows if r.get("noise_scale")]
+    assert measured and all(m["samples_per_pass"] == 8 and m["samples_per_step"] == 32 for m in measured)
+    assert all(m["b_simple"] > 0 for m in measured)
 
 
 @pytest.mark.slow
