@@ -9,6 +9,7 @@
     python -m benchmarks.convergence defaults --regime large # K-FAC at the library's defaults and LAMB's lr
     python -m benchmarks.convergence lamb-shape --regime large  # LAMB's PolyWarmUp degree × weight decay (tune part)
     python -m benchmarks.convergence minimal --regime small  # LAMB vs K-FAC defaults without DeepSpeed or NSP
+    python -m benchmarks.convergence scaling --stage plan --text T  # the batch-scaling study (scaling_cli.py)
 
 Every run is ``bert_pretrain`` under the deepspeed launcher on 2 CPU ranks (the code users run), trained on the
 training part of ``--text``. Tuning runs are evaluated on the tune part only; final runs on the report part only.
@@ -28,7 +29,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from benchmarks.convergence import ablation, analysis, defaults, lamb_shape, minimal
+from benchmarks.convergence import ablation, analysis, defaults, lamb_shape, minimal, scaling_cli
 from benchmarks.convergence.parts import Parts, SplitError, write_parts
 from benchmarks.convergence.plots import plot_regime
 from benchmarks.convergence.regimes import QUICK_UNITS, REGIMES, Regime, ds_config, quick, shipped_lamb_shape
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     final = sub.choices["final"]
     final.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=sorted(REGIMES))
     final.add_argument("--seeds", type=int, nargs="+", help=f"default {' '.join(map(str, FINAL_SEEDS))} (quick: 1)")
+    scaling_cli.add_parser(sub)
     return p
 
 
@@ -424,8 +426,10 @@ def _variants(args: argparse.Namespace, study: Any, written: str) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(argv)
-    resolve_folders(args)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "scaling":  # its own folders (runs/scaling, results/convergence/scaling)
+        return scaling_cli.main(args)
+    resolve_folders(args)
     try:
         return {"tune": tune, "final": final, "ablation": run_ablation, "defaults": run_defaults,
                 "lamb-shape": run_lamb_shape, "minimal": run_minimal}[args.command](args)

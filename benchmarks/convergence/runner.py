@@ -248,9 +248,29 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
               "train_curve": asdict(training_curve(rows, at=curve.steps)),
               **({"train_eval_curve": asdict(heldout_curve(rows, column="heldout_train_mlm_loss"))}
                  if also_on_train else {}),
+              "noise_curve": noise_curve(rows), "data_tokens": data_tokens(folder / "run" / "summary.json"),
               "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",
                                                    "bert_pretrain", *args], "machine": machine}
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def noise_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The gradient noise scale ``B_simple`` (sequences) the run logged: a LAMB run's probe or K-FAC's diagnostics."""
+    steps, values = [], []
+    for r in rows:
+        noise = r.get("noise_scale") or (r.get("kfac") or {}).get("noise_scale")
+        if noise and "step" in r:
+            steps.append(float(r["step"]))
+            values.append(float(noise["b_simple"]))
+    return {"steps": steps, "values": values}
+
+
+def data_tokens(summary: Path) -> int | None:
+    """The training text's tokens as the run prepared them (its summary.json), to say how often a run read it."""
+    if not summary.is_file():
+        return None
+    tokens = json.loads(summary.read_text()).get("data_tokens")
+    return int(tokens) if tokens is not None else None

@@ -1,0 +1,111 @@
+"""``python -m benchmarks.convergence scaling``: the stages of the batch-scaling study (``scaling.py``).
+
+    python -m benchmarks.convergence scaling --stage plan --text runs/scaling/corpus.txt    # smallest batch, plan.json
+    python -m benchmarks.convergence scaling --stage tune --text runs/scaling/corpus.txt    # LAMB's grid per batch
+    python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
+    python -m benchmarks.convergence scaling --stage fit --text runs/scaling/corpus.txt     # fits, plots, summary
+
+The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
+shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from benchmarks.convergence.parts import Parts, write_parts
+from benchmarks.convergence.scaling import QUICK, RULE, Plan, Rule, Study, load_plan
+from benchmarks.harness.machine import machine
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ("plan", "tune", "report", "fit")
+VOCAB_SIZE = 8192
+
+
+def add_parser(sub: Any) -> None:
+    c = sub.add_parser("scaling", help="the batch-scaling study (docs/studies/batch_scaling.md): LAMB tuned per "
+                                       "batch, K-FAC's defaults at its rate, fits of steps to target against batch",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--stage", choices=STAGES, required=True)
+    c.add_argument("--text", type=Path, required=True, help="the study's text (split into train / tune / report)")
+    c.add_argument("--vocab", type=Path, help="a BERT vocab.txt (default: one learnt on the training part)")
+    c.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="the learnt vocabulary's size (%(default)s)")
+    c.add_argument("--batches", type=int, nargs="+", help="tokens a step: a subset of the plan's (default: all)")
+    c.add_argument("--model-size", choices=["tiny", "mini"], default="tiny")
+    c.add_argument("--work", type=Path, help="run folders and prepared data (default: runs/scaling)")
+    c.add_argument("--results", type=Path,
+                   help="records and plots (default: benchmarks/results/convergence/scaling[_mini])")
+    c.add_argument("--quick", action="store_true", help="toy scale (the smoke test's); records go to runs/")
+
+
+def study_vocab(parts: Parts, folder: Path, *, size: int) -> Path:
+    """A WordPiece vocabulary learnt on the training part (kept while that part and the size are the same)."""
+    from bert_pretrain.data.documents import read_documents
+    from bert_pretrain.data.tokenizer import train_vocab
+
+    folder = folder / f"vocab_{parts.source_sha256[:12]}_{size}"
+    if not (folder / "vocab.txt").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        train_vocab(read_documents([parts.path("train")]), folder, vocab_size=size)
+    return folder / "vocab.txt"
+
+
+def study_of(args: argparse.Namespace) -> Study:
+    rule = QUICK if args.quick else RULE
+    suffix = "" if args.model_size == "tiny" else f"_{args.model_size}"
+    if args.quick:
+        work = args.work or REPO / "runs" / "scaling_quick" / "work"
+        results = args.results or REPO / "runs" / "scaling_quick" / "results"
+    else:
+        work = args.work or REPO / "runs" / "scaling"
+        results = args.results or REPO / "benchmarks" / "results" / "convergence" / f"scaling{suffix}"
+    parts = write_parts([args.text], work / "parts")
+    vocab = args.vocab or study_vocab(parts, work, size=args.vocab_size)
+    return Study(parts=parts, vocab=vocab, work=work, results=results, machine=machine(), rule=rule,
+                 model_size=args.model_size)
+
+
+def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
+    wanted = tuple(args.batches or plan.batches)
+    unknown = sorted(set(wanted) - set(plan.batches))
+    if unknown:
+        raise SystemExit(f"--batches {unknown}: not in the plan's batches {list(plan.batches)}")
+    return wanted
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    study = study_of(args)
+    rule: Rule = study.rule
+    plan_path = study.results / "plan.json"
+    if args.stage == "plan":
+        if plan_path.is_file():
+            print(f"{plan_path} exists: the plan is fixed once; delete it only if the rule changed")
+            return json.loads(plan_path.read_text())
+        plan = study.make_plan()
+        written = {**asdict(plan), "rule": asdict(rule), "text": str(args.text), "vocab": str(study.vocab),
+                   "parts": str(study.parts.folder / "parts.json"), "machine": study.machine}
+        plan_path.write_text(json.dumps(written, indent=1) + "\n")
+        print(f"plan: {json.dumps(asdict(plan))}\nwrote {plan_path}")
+        return written
+    plan = load_plan(plan_path)
+    batches = chosen_batches(plan, args)
+    if args.stage == "fit":
+        from benchmarks.convergence.scaling_fit import fit_study
+
+        return fit_study(study, plan, batches=batches)
+    done: dict[str, Any] = {}
+    for tokens in tqdm(batches, desc=f"scaling {args.stage}", unit="batch"):
+        regime = rule.regime_for(tokens, steps=plan.steps_at(tokens), model_size=args.model_size)
+        if args.stage == "tune":
+            done[regime.name] = {k: v for k, v in study.tune(regime).items() if k != "best_record"}
+        else:
+            records = study.report(regime, seeds=rule.seeds_for(tokens, plan.batches))
+            done[regime.name] = {opt: [r["final"] for r in rs] for opt, rs in records.items()}
+        print(f"{regime.name}: {json.dumps(done[regime.name])[:300]}")
+    return done

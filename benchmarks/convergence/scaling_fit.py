@@ -1,0 +1,135 @@
+"""The scaling study's figures: steps and time to each target per batch and optimizer, the fit
+``S(B) = S_min (1 + B_crit / B)`` (McCandlish et al. 2018; Shallue et al. 2019) with a bootstrap interval over
+seeds, K-FAC's time to LAMB's final loss, its per-step overhead, and one plot a reader takes in at a glance."""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.convergence import analysis
+from benchmarks.convergence.scaling import Plan, Study, kfac_spec, lamb_spec
+from bert_pretrain.curves import Curve, first_crossing
+
+BOOTSTRAP = 2000
+OPTIMIZERS = ("lamb", "kfac")
+
+
+def fit_critical_batch(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares of ``S = S_min + S_min·B_crit / B`` (linear in ``1/B``) over ``(batch, steps)`` points; returns
+    ``(S_min, B_crit)``, or None with fewer than two batches or a non-positive ``S_min``."""
+    if len({b for b, _ in points}) < 2:
+        return None
+    xs, ys = [1.0 / b for b, _ in points], [s for _, s in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    s_min = my - slope * mx
+    return (s_min, slope / s_min) if s_min > 0 else None
+
+
+def bootstrap_interval(by_batch: dict[int, list[float]], *, seed: int = 0) -> dict[str, Any]:
+    """The fit on every seed's point, and a 95% percentile interval of ``B_crit`` from resampling the seeds of each
+    batch with replacement (``BOOTSTRAP`` times)."""
+    points = [(float(b), s) for b, steps in by_batch.items() for s in steps]
+    fitted = fit_critical_batch(points)
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(BOOTSTRAP):
+        sample = [(float(b), rng.choice(steps)) for b, steps in by_batch.items() for _ in steps]
+        got = fit_critical_batch(sample)
+        if got is not None:
+            draws.append(got[1])
+    draws.sort()
+    interval = [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]] if len(draws) >= 40 else None
+    return {"s_min": fitted[0] if fitted else None, "b_crit_tokens": fitted[1] if fitted else None,
+            "b_crit_interval": interval, "valid_draws": len(draws)}
+
+
+def run_figures(record: dict[str, Any], *, targets: Sequence[float], tokens: int) -> dict[str, Any]:
+    """One run's steps and training seconds to each target (None: not reached), cost per step, text reads."""
+    curve = Curve(**record["curve"])
+    steps = record["spec"]["steps"]
+    out: dict[str, Any] = {"seed": record["spec"]["seed"], "final": record["final"],
+                           "seconds_per_step": record["train_seconds"] / steps if record["train_seconds"] else None,
+                           "reads_of_text": steps * tokens / record["data_tokens"] if record.get("data_tokens")
+                           else None, "targets": {}}
+    for target in targets:
+        hit = first_crossing(curve, target)
+        out["targets"][f"{target:.4f}"] = {"step": hit.step if hit else None, "seconds": hit.seconds if hit else None}
+    return out
+
+
+def load_batch(study: Study, plan: Plan, tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """The recorded report runs of one batch (missing runs are left out: the stage has not reached them)."""
+    rule = study.rule
+    regime = rule.regime_for(tokens, steps=plan.steps_at(tokens), model_size=study.model_size)
+    chosen_path = study.results / regime.name / "chosen.json"
+    if not chosen_path.is_file():
+        return {"lamb": [], "kfac": []}
+    lr = float(json.loads(chosen_path.read_text())["lamb"]["lr"])
+    out: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
+    for seed in rule.seeds_for(tokens, plan.batches):
+        for name, spec in (("lamb", lamb_spec(regime, lr=lr, seed=seed, part="report")),
+                           ("kfac", kfac_spec(regime, lr=lr, seed=seed))):
+            path = study.results / regime.name / "report" / f"{spec.name}.json"
+            if path.is_file() and json.loads(path.read_text()).get("error") is None:
+                out[name].append(json.loads(path.read_text()))
+    return out
+
+
+def fit_study(study: Study, plan: Plan, *, batches: Sequence[int]) -> dict[str, Any]:
+    """Every batch's figures, the fits per optimizer and target, K-FAC's time to LAMB's final; writes
+    ``summary.json`` and ``scaling.png`` into the study's results."""
+    per_batch: dict[int, dict[str, Any]] = {}
+    plateau = None
+    for tokens in batches:
+        records = load_batch(study, plan, tokens)
+        if not records["lamb"]:
+            continue
+        if plateau is None:
+            plateau = study.plateau(records["lamb"][0], "report")
+        targets = [plateau - d for d in study.rule.target_drops]
+        figures = {opt: [run_figures(r, targets=targets, tokens=tokens) for r in records[opt]] for opt in OPTIMIZERS}
+        row: dict[str, Any] = {"runs": figures}
+        if records["kfac"]:
+            versus = analysis.compare(records["lamb"], records["kfac"], plateau_loss=plateau, targets=targets)
+            row["kfac_to_lamb_final"] = versus["kfac_to_lamb_final"]
+            lamb_cost = [f["seconds_per_step"] for f in figures["lamb"] if f["seconds_per_step"]]
+            kfac_cost = [f["seconds_per_step"] for f in figures["kfac"] if f["seconds_per_step"]]
+            row["kfac_step_overhead"] = (statistics.fmean(kfac_cost) / statistics.fmean(lamb_cost) - 1
+                                         if lamb_cost and kfac_cost else None)
+        per_batch[tokens] = row
+    if plateau is None:
+        raise SystemExit(f"no report runs recorded under {study.results}: run --stage report first")
+    targets = [plateau - d for d in study.rule.target_drops]
+    fits: dict[str, dict[str, Any]] = {}
+    for opt in OPTIMIZERS:
+        for target in targets:
+            key = f"{target:.4f}"
+            by_batch, left_out = {}, []
+            for tokens, row in per_batch.items():
+                steps = [f["targets"][key]["step"] for f in row["runs"][opt]]
+                if steps and all(s is not None for s in steps):
+                    by_batch[tokens] = [float(s) for s in steps]
+                elif steps:
+                    left_out.append(tokens)  # a seed never reached the target within the run: not fitted
+            fits.setdefault(opt, {})[key] = {**bootstrap_interval(by_batch), "batches": sorted(by_batch),
+                                             "not_reached_at": left_out}
+    summary = {"plateau": plateau, "targets": targets, "noise_tokens": plan.noise_tokens,
+               "per_batch": {str(k): v for k, v in per_batch.items()}, "fits": fits, "machine": study.machine}
+    study.results.mkdir(parents=True, exist_ok=True)
+    (study.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    from benchmarks.convergence.scaling_plots import plot_scaling
+
+    plot_scaling(summary, out=study.results / "scaling.png")
+    return summary
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present and len(present) == len(values) else None
+
