@@ -5,6 +5,7 @@ seeds, K-FAC's time to LAMB's final loss, its per-step overhead, and one plot a 
 from __future__ import annotations
 
 import json
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -32,21 +33,31 @@ def fit_critical_batch(points: Sequence[tuple[float, float]]) -> tuple[float, fl
 
 
 def bootstrap_interval(by_batch: dict[int, list[float]], *, seed: int = 0) -> dict[str, Any]:
-    """The fit on every seed's point, and a 95% percentile interval of ``B_crit`` from resampling the seeds of each
-    batch with replacement (``BOOTSTRAP`` times)."""
+    """The fit on every seed's point, and a 95% percentile interval of ``B_crit`` from a residual bootstrap
+    (``BOOTSTRAP`` draws): each point's relative residual from the fitted curve, pooled over all batches and widened
+    by ``√(N / (N − 2))`` for the two fitted parameters, is redrawn onto the curve. Resampling the 2–3 seeds of each
+    batch alone understates the spread (measured on synthetic points of known ``B_crit``: 75% coverage for a
+    nominal 95%; this one: see the tests)."""
     points = [(float(b), s) for b, steps in by_batch.items() for s in steps]
     fitted = fit_critical_batch(points)
+    if fitted is None or len(points) < 3 or any(s <= 0 for _, s in points):
+        return {"s_min": fitted[0] if fitted else None, "b_crit_tokens": fitted[1] if fitted else None,
+                "b_crit_interval": None, "valid_draws": 0}
+    s_min, b_crit = fitted
+    curve = [s_min * (1 + b_crit / b) for b, _ in points]
+    if any(c <= 0 for c in curve):
+        return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": None, "valid_draws": 0}
+    widen = math.sqrt(len(points) / (len(points) - 2))
+    residuals = [widen * math.log(s / c) for (_, s), c in zip(points, curve)]
     rng = random.Random(seed)
     draws = []
     for _ in range(BOOTSTRAP):
-        sample = [(float(b), rng.choice(steps)) for b, steps in by_batch.items() for _ in steps]
-        got = fit_critical_batch(sample)
+        got = fit_critical_batch([(b, c * math.exp(rng.choice(residuals))) for (b, _), c in zip(points, curve)])
         if got is not None:
             draws.append(got[1])
     draws.sort()
     interval = [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]] if len(draws) >= 40 else None
-    return {"s_min": fitted[0] if fitted else None, "b_crit_tokens": fitted[1] if fitted else None,
-            "b_crit_interval": interval, "valid_draws": len(draws)}
+    return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": interval, "valid_draws": len(draws)}
 
 
 def run_figures(record: dict[str, Any], *, targets: Sequence[float], tokens: int) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""The batch-scaling study: its rule's arithmetic (lengths, grids, the batch list, per-batch shapes), the critical
+batch fit and its bootstrap on points of known ``S_min`` and ``B_crit``, and (slow) the toy-scale stages end to end
+through bert_pretrain: plan, per-batch LAMB tuning, report pairs, fit and plot."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.convergence import scaling_fit
+from benchmarks.convergence.runner import noise_curve
+from benchmarks.convergence.scaling import RULE, noise_at
+from benchmarks.convergence.scaling_fit import bootstrap_interval, fit_critical_batch
+from benchmarks.convergence.scaling_plots import plot_scaling
+
+
+def test_the_fit_recovers_a_known_critical_batch() -> None:
+    s_min, b_crit = 200.0, 8000.0
+    points = [(b, s_min * (1 + b_crit / b)) for b in (2048, 4096, 8192, 16384, 32768, 65536)]
+    fitted = fit_critical_batch(points)
+    assert fitted is not None and fitted[0] == pytest.approx(s_min) and fitted[1] == pytest.approx(b_crit)
+    assert fit_critical_batch(points[:1] * 3) is None  # one batch: no slope to fit
+
+
+def test_the_bootstrap_interval_holds_its_coverage_with_two_seeds_a_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 synthetic studies of known B_crit (5% noise on each seed's steps, 2 seeds at 6 batches): the 95% interval
+    must cover the truth in at least 85 (resampling each batch's seeds alone covered 75–82)."""
+    monkeypatch.setattr(scaling_fit, "BOOTSTRAP", 400)
+    covered = 0
+    for trial in range(100):
+        rng = random.Random(trial)
+        study = {b: [200 * (1 + 8000 / b) * (1 + rng.gauss(0, 0.05)) for _ in range(2)]
+                 for b in (2048, 4096, 8192, 16384, 32768, 65536)}
+        got = bootstrap_interval(study, seed=trial)
+        low, high = got["b_crit_interval"]
+        assert low < got["b_crit_tokens"] < high
+        covered += low < 8000 < high
+    assert covered >= 85, covered
+
+
+def test_run_lengths_follow_the_noise_scale_model_anchored_at_the_smallest_batch() -> None:
+    base, noise = 1000.0, 6144.0  # S_min = 1000 / (1 + 3) = 250
+    steps = [RULE.steps_for(b, base_steps=base, noise_tokens=noise) for b in RULE.batches]
+    assert steps[0] == RULE.base_steps
+    assert steps[1] == pytest.approx(1.5 * 250 * (1 + noise / 4096), abs=1)
+    assert steps[1:] == sorted(steps[1:], reverse=True) and steps[-1] > 1.5 * 250  # falls towards 1.5 S_min
+
+
+def test_the_batch_list_grows_until_two_batches_lie_above_the_noise_scale() -> None:
+    assert RULE.batches_above(10_000) == RULE.batches
+    assert RULE.batches_above(50_000) == (*RULE.batches, 131072)
+    assert RULE.batches_above(200_000)[-2:] == (262144, 524288)
+
+
+def test_each_batch_is_sequences_over_two_ranks_with_capped_passes_and_a_sqrt_scaled_grid() -> None:
+    for tokens in RULE.batches:
+        regime = RULE.regime_for(tokens, steps=300)
+        assert regime.global_batch * regime.seq == tokens and regime.micro_batch <= RULE.max_micro
+    big = RULE.regime_for(65536, steps=300)
+    assert (big.micro_batch, big.gas) == (64, 8)
+    assert big.lamb_lrs == pytest.approx((0.5 * 0.01 * 32**0.5, 0.01 * 32**0.5, 2 * 0.01 * 32**0.5), rel=1e-4)
+    assert RULE.regime_for(2048, steps=1500).lamb_lrs == (0.005, 0.01, 0.02)
+    with pytest.raises(ValueError, match="whole number"):
+        RULE.regime_for(1000, steps=10)
+    assert RULE.seeds_for(65536, RULE.batches) == (1, 2, 3) and RULE.seeds_for(8192, RULE.batches) == (1, 2)
+
+
+def test_the_noise_scale_is_read_where_the_run_reached_the_target() -> None:
+    rows: list[dict[str, Any]] = [{"step": 10, "noise_scale": {"b_simple": 50.0}}, {"step": 15},
+            {"step": 20, "kfac": {"noise_scale": {"b_simple": 70.0}}}, {"step": 30, "noise_scale": None}]
+    curve = noise_curve(rows)  # a LAMB run's probe and a K-FAC run's diagnostics alike
+    assert curve == {"steps": [10.0, 20.0], "values": [50.0, 70.0]}
+    record = {"noise_curve": curve}
+    assert noise_at(record, step=25) == 70.0 and noise_at(record, step=12) == 50.0
+    assert noise_at(record, step=3) == 50.0  # before the first measurement: the first one
+    assert noise_at({"noise_curve": {"steps": [], "values": []}}, step=5) is None
+
+
+def test_the_plot_draws_every_batch_from_a_summary(tmp_path: Path) -> None:
+    targets = [5.3, 4.6]
+
+    def runs(scale: float) -> list[dict[str, Any]]:
+        return [{"targets": {f"{t:.4f}": {"step": scale * (1 + i), "seconds": scale * 2} for i, t in
+                             enumerate(targets)}, "seconds_per_step": 1.0} for _ in range(2)]
+
+    per_batch = {str(b): {"runs": {"lamb": runs(1e6 / b + 100), "kfac": runs(8e5 / b + 80)},
+                          "kfac_step_overhead": 0.05} for b in (2048, 8192, 32768)}
+    fits = {opt: {f"{t:.4f}": {"s_min": 100.0, "b_crit_tokens": 5000.0} for t in targets} for opt in ("lamb", "kfac")}
+    out = tmp_path / "scaling.png"
+    plot_scaling({"targets": targets, "per_batch": per_batch, "fits": fits, "noise_tokens": 7000.0}, out=out)
+    assert out.stat().st_size > 20_000
+
+
+@pytest.mark.slow  # ~4 min: 15 launches of bert_pretrain
+def test_quick_stages_end_to_end(tmp_path: Path) -> None:
+    from benchmarks.convergence.cli import main
+    from bert_pretrain.corpus import generate_corpus
+
+    text = tmp_path / "corpus.txt"
+    generate_corpus(seed=1, num_articles=300).write_text(str(text))
+    common = ["--text", str(text), "--quick", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "res")]
+    plan = main(["scaling", "--stage", "plan", *common])
+    assert plan["batches"][:3] == [128, 256, 512] and plan["steps"]["128"] == 12 and plan["noise_tokens"] > 0
+    main(["scaling", "--stage", "tune", *common])
+    main(["scaling", "--stage", "report", *common])
+    summary = main(["scaling", "--stage", "fit", *common])
+    assert set(summary["per_batch"]) == {str(b) for b in plan["batches"]}
+    for tokens in plan["batches"]:
+        chosen = json.loads((tmp_path / "res" / f"b{tokens}" / "chosen.json").read_text())
+        assert chosen["lamb"]["lr"] in chosen["regime"]["lamb_lrs"]
+        for record in (tmp_path / "res" / f"b{tokens}" / "report").glob("*.json"):
+            got = json.loads(record.read_text())
+            assert got["spec"]["eval_part"] == "report" and got["data_tokens"] > 0
+    assert (tmp_path / "res" / "scaling.png").stat().st_size > 20_000
