@@ -52,6 +52,9 @@ class Rule:
     dupe_factor: int = 2  # masked copies of the text: a run reading it at most twice sees no example twice
     report_seeds: tuple[int, ...] = (1, 2)
     largest_seeds: tuple[int, ...] = (1, 2, 3)  # at the two largest batches
+    # the text: generated worlds (bert_pretrain.corpus) of this many articles each, at these seeds, concatenated
+    world_seeds: tuple[int, ...] = tuple(range(100, 108))
+    articles_per_world: int = 25_000
 
     def lr_grid(self, tokens: int) -> tuple[float, ...]:
         """LAMB's rates at a batch: ``lr_factors`` around ``base_lr · √(tokens / base_tokens)``."""
@@ -100,7 +103,25 @@ RULE = Rule()
 # never goes below it)
 QUICK = Rule(seq=32, base_tokens=128, batches=(128, 256, 512), base_steps=12, length_margin=1.5, max_micro=4,
              target_drops=(-3.0, -2.0), evals_per_run=4, min_eval_every=3, eval_examples=16, max_predictions=5,
-             dupe_factor=1, report_seeds=(1,), largest_seeds=(1,))
+             dupe_factor=1, report_seeds=(1,), largest_seeds=(1,), world_seeds=(1,), articles_per_world=300)
+
+
+def write_text(rule: Rule, path: Path) -> Path:
+    """The study's text: one generated world per seed, concatenated (one world of 200,000 articles is impossible:
+    the generator's country names run out). Written once, atomically; an existing file is kept."""
+    from bert_pretrain.corpus import generate_corpus
+
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part, tmp = path.with_suffix(".world"), path.with_suffix(".part")
+    with tmp.open("w", encoding="utf-8") as out:
+        for seed in rule.world_seeds:
+            generate_corpus(seed=seed, num_articles=rule.articles_per_world).write_text(str(part))
+            out.write(part.read_text(encoding="utf-8").rstrip("\n") + "\n\n")
+    part.unlink()
+    tmp.rename(path)
+    return path
 
 
 @dataclass(frozen=True)

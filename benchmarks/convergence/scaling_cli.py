@@ -1,5 +1,6 @@
 """``python -m benchmarks.convergence scaling``: the stages of the batch-scaling study (``scaling.py``).
 
+    python -m benchmarks.convergence scaling --stage text --text runs/scaling/corpus.txt    # writes the study's text
     python -m benchmarks.convergence scaling --stage plan --text runs/scaling/corpus.txt    # smallest batch, plan.json
     python -m benchmarks.convergence scaling --stage tune --text runs/scaling/corpus.txt    # LAMB's grid per batch
     python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
@@ -20,11 +21,11 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.convergence.parts import Parts, write_parts
-from benchmarks.convergence.scaling import QUICK, RULE, Plan, Rule, Study, load_plan
+from benchmarks.convergence.scaling import QUICK, RULE, Plan, Rule, Study, load_plan, write_text
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("plan", "tune", "report", "fit")
+STAGES = ("text", "plan", "tune", "report", "fit")
 VOCAB_SIZE = 8192
 
 
@@ -80,6 +81,10 @@ def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.stage == "text":
+        path = write_text(QUICK if args.quick else RULE, args.text)
+        print(f"the study's text: {path} ({path.stat().st_size / 1e6:.1f} MB)")
+        return {"text": str(path)}
     study = study_of(args)
     rule: Rule = study.rule
     plan_path = study.results / "plan.json"

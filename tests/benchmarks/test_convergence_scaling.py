@@ -98,11 +98,11 @@ def test_the_plot_draws_every_batch_from_a_summary(tmp_path: Path) -> None:
 @pytest.mark.slow  # ~4 min: 15 launches of bert_pretrain
 def test_quick_stages_end_to_end(tmp_path: Path) -> None:
     from benchmarks.convergence.cli import main
-    from bert_pretrain.corpus import generate_corpus
 
     text = tmp_path / "corpus.txt"
-    generate_corpus(seed=1, num_articles=300).write_text(str(text))
     common = ["--text", str(text), "--quick", "--work", str(tmp_path / "work"), "--results", str(tmp_path / "res")]
+    main(["scaling", "--stage", "text", *common])
+    assert text.read_text().count("\n\n") > 250  # the articles of the toy world
     plan = main(["scaling", "--stage", "plan", *common])
     assert plan["batches"][:3] == [128, 256, 512] and plan["steps"]["128"] == 12 and plan["noise_tokens"] > 0
     main(["scaling", "--stage", "tune", *common])
