@@ -65,10 +65,18 @@ class NoiseScale:
             return  # one pass on one rank: two batch sizes are needed
         grad_sq = (big_b * step_grad_sq - b * small) / (big_b - b)
         trace = (small - step_grad_sq) / (1.0 / b - 1.0 / big_b)
-        w = self.smoothing
-        self.grad_sq = grad_sq if self.grad_sq is None else w * self.grad_sq + (1 - w) * grad_sq
-        self.trace = trace if self.trace is None else w * self.trace + (1 - w) * trace
+        finite = torch.isfinite(grad_sq) & torch.isfinite(trace)  # an fp16 overflow step is left out (no sync)
+        self.grad_sq, self.trace = (self._smoothed(old, new, finite=finite)
+                                    for old, new in ((self.grad_sq, grad_sq), (self.trace, trace)))
         self.last = {"samples_per_pass": b, "samples_per_step": big_b}
+
+    def _smoothed(self, old: torch.Tensor | None, new: torch.Tensor, *, finite: torch.Tensor) -> torch.Tensor:
+        """The moving average with ``new`` folded in where the step's terms are finite (NaN until one is)."""
+        if old is None:
+            return torch.where(finite, new, torch.full_like(new, float("nan")))
+        w = self.smoothing
+        mixed = torch.where(torch.isfinite(old), w * old + (1 - w) * new, new)
+        return torch.where(finite, mixed, old)
 
     def b_simple(self) -> float | None:
         """The smoothed estimate, in samples (sequences for a transformer's micro-batches); None before two measured
@@ -76,4 +84,4 @@ class NoiseScale:
         if self.grad_sq is None or self.trace is None:
             return None
         g2 = float(self.grad_sq)
-        return float(self.trace) / g2 if g2 > 0 else None
+        return float(self.trace) / g2 if g2 > 0 else None  # NaN (no finite step yet) compares False

@@ -43,6 +43,26 @@ def test_one_pass_on_one_rank_measures_nothing() -> None:
     assert noise._pass_sq is not None  # the measured pass only
 
 
+def test_an_overflowed_step_leaves_the_estimate_as_it_was() -> None:
+    """An fp16 overflow makes a step's gradients infinite: folding it in would make the average inf or NaN for good."""
+    layer = nn.Linear(4, 1, bias=False)
+    noise = NoiseScale(layer.parameters(), smoothing=0.5)
+
+    def step(grad_sq: float, passes: list[float]) -> None:
+        noise.start()
+        for value in passes:
+            noise._add(torch.full((1, 4), value))
+        noise.update(torch.tensor(grad_sq), samples_per_pass=2, passes=len(passes), world=1)
+
+    step(float("inf"), [float("inf"), 1.0])  # the first step overflowed: nothing measured yet
+    assert noise.b_simple() is None
+    step(6.25, [1.0, 1.5])  # |G|² of the passes' mean gradient (1.25 in each of 4 entries)
+    before = noise.b_simple()
+    assert before is not None
+    step(float("inf"), [float("inf"), 1.0])
+    assert noise.b_simple() == before
+
+
 def test_the_preconditioner_measures_the_noise_scale_of_its_layers() -> None:
     """Through KFACPreconditioner: every 10th step measured from the per-pass hooks and the check's gradient norms,
     in diagnostics_snapshot() (so metrics.jsonl and the monitor) with the batch it was measured at."""
