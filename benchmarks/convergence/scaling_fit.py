@@ -42,11 +42,11 @@ def bootstrap_interval(by_batch: dict[int, list[float]], *, seed: int = 0) -> di
     fitted = fit_critical_batch(points)
     if fitted is None or len(points) < 3 or any(s <= 0 for _, s in points):
         return {"s_min": fitted[0] if fitted else None, "b_crit_tokens": fitted[1] if fitted else None,
-                "b_crit_interval": None, "valid_draws": 0}
+                "b_crit_interval": None, "valid_draws": 0, "draws": []}
     s_min, b_crit = fitted
     curve = [s_min * (1 + b_crit / b) for b, _ in points]
     if any(c <= 0 for c in curve):
-        return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": None, "valid_draws": 0}
+        return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": None, "valid_draws": 0, "draws": []}
     widen = math.sqrt(len(points) / (len(points) - 2))
     residuals = [widen * math.log(s / c) for (_, s), c in zip(points, curve)]
     rng = random.Random(seed)
@@ -55,9 +55,22 @@ def bootstrap_interval(by_batch: dict[int, list[float]], *, seed: int = 0) -> di
         got = fit_critical_batch([(b, c * math.exp(rng.choice(residuals))) for (b, _), c in zip(points, curve)])
         if got is not None:
             draws.append(got[1])
-    draws.sort()
-    interval = [draws[int(0.025 * len(draws))], draws[int(0.975 * len(draws)) - 1]] if len(draws) >= 40 else None
-    return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": interval, "valid_draws": len(draws)}
+    return {"s_min": s_min, "b_crit_tokens": b_crit, "b_crit_interval": percentile_interval(draws),
+            "valid_draws": len(draws), "draws": draws}
+
+
+def percentile_interval(draws: Sequence[float]) -> list[float] | None:
+    """The 2.5th and 97.5th percentiles of bootstrap draws (None with fewer than 40)."""
+    ranked = sorted(draws)
+    return [ranked[int(0.025 * len(ranked))], ranked[int(0.975 * len(ranked)) - 1]] if len(ranked) >= 40 else None
+
+
+def ratio_interval(kfac: dict[str, Any], lamb: dict[str, Any]) -> dict[str, Any]:
+    """K-FAC's critical batch over LAMB's, with the interval of the ratio of independent bootstrap draws."""
+    if not kfac.get("b_crit_tokens") or not lamb.get("b_crit_tokens"):
+        return {"ratio": None, "interval": None}
+    pairs = [k / la for k, la in zip(kfac.get("draws", []), lamb.get("draws", [])) if la > 0]
+    return {"ratio": kfac["b_crit_tokens"] / lamb["b_crit_tokens"], "interval": percentile_interval(pairs)}
 
 
 def run_figures(record: dict[str, Any], *, targets: Sequence[float], tokens: int) -> dict[str, Any]:
@@ -130,7 +143,12 @@ def fit_study(study: Study, plan: Plan, *, batches: Sequence[int]) -> dict[str, 
                     left_out.append(tokens)  # a seed never reached the target within the run: not fitted
             fits.setdefault(opt, {})[key] = {**bootstrap_interval(by_batch), "batches": sorted(by_batch),
                                              "not_reached_at": left_out}
+    ratios = {key: ratio_interval(fits["kfac"][key], fits["lamb"][key]) for key in fits["lamb"]}
+    for opt_fits in fits.values():
+        for fit in opt_fits.values():
+            del fit["draws"]  # 2,000 numbers each: the interval is what the record keeps
     summary = {"plateau": plateau, "targets": targets, "noise_tokens": plan.noise_tokens,
+               "kfac_to_lamb_critical_batch": ratios,
                "per_batch": {str(k): v for k, v in per_batch.items()}, "fits": fits, "machine": study.machine}
     study.results.mkdir(parents=True, exist_ok=True)
     (study.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -14,7 +14,7 @@ import pytest
 from benchmarks.convergence import scaling_fit
 from benchmarks.convergence.runner import noise_curve
 from benchmarks.convergence.scaling import RULE, noise_at
-from benchmarks.convergence.scaling_fit import bootstrap_interval, fit_critical_batch
+from benchmarks.convergence.scaling_fit import bootstrap_interval, fit_critical_batch, ratio_interval
 from benchmarks.convergence.scaling_plots import plot_scaling
 
 
@@ -40,6 +40,20 @@ def test_the_bootstrap_interval_holds_its_coverage_with_two_seeds_a_batch(monkey
         assert low < got["b_crit_tokens"] < high
         covered += low < 8000 < high
     assert covered >= 85, covered
+
+
+def test_the_ratio_of_two_critical_batches_has_an_interval_around_it() -> None:
+    rng = random.Random(3)
+
+    def fitted(b_crit: float) -> dict[str, Any]:
+        return bootstrap_interval({b: [200 * (1 + b_crit / b) * (1 + rng.gauss(0, 0.03)) for _ in range(2)]
+                                   for b in (2048, 4096, 8192, 16384, 32768, 65536)}, seed=int(b_crit))
+
+    got = ratio_interval(fitted(16000), fitted(8000))
+    assert got["ratio"] == pytest.approx(2, rel=0.25)
+    low, high = got["interval"]
+    assert 1 < low < got["ratio"] < high
+    assert ratio_interval({"b_crit_tokens": None}, fitted(8000)) == {"ratio": None, "interval": None}
 
 
 def test_run_lengths_follow_the_noise_scale_model_anchored_at_the_smallest_batch() -> None:
