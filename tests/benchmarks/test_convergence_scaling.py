@@ -118,7 +118,7 @@ def test_quick_stages_end_to_end(tmp_path: Path) -> None:
     main(["scaling", "--stage", "text", *common])
     assert text.read_text().count("\n\n") > 250  # the articles of the toy world
     plan = main(["scaling", "--stage", "plan", *common])
-    assert plan["batches"][:3] == [128, 256, 512] and plan["steps"]["128"] == 12 and plan["noise_tokens"] > 0
+    assert list(plan["batches"][:3]) == [128, 256, 512] and plan["steps"]["128"] == 12 and plan["noise_tokens"] > 0
     main(["scaling", "--stage", "tune", *common])
     main(["scaling", "--stage", "report", *common])
     summary = main(["scaling", "--stage", "fit", *common])
