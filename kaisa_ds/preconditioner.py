@@ -30,14 +30,13 @@ from kaisa_ds.feed import StatisticsFeed
 from kaisa_ds.layers import coverage
 from kaisa_ds.layers.discovery import KFACLayer, discover
 from kaisa_ds.layers.modules import GradAccessor, GradWatermark, ParamGradAccessor
-from kaisa_ds.layers.noise_scale import NoiseScale
+from kaisa_ds.layers.noise_scale import MEASURE_EVERY, NoiseScale
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
 from kaisa_ds.step import STAGES, StepOutcome, run_step
 from kaisa_ds.structure import LayerStructure, build_structure, factors_of, layer_info, layers_device
 from kaisa_ds.timing import HostFlag, StageTimer, StepClock
 
 logger = logging.getLogger(__name__)
-NOISE_SCALE_EVERY = 10  # steps between measurements of the gradient noise scale (one reduction per parameter and pass)
 
 
 class KFACPreconditioner:
@@ -167,14 +166,14 @@ class KFACPreconditioner:
 
     def _measure_noise(self, outcome: StepOutcome) -> None:
         """Fold a measured step into the noise scale (its passes: the forward passes since the last step), and
-        measure every :data:`NOISE_SCALE_EVERY`-th step."""
+        measure every ``MEASURE_EVERY``-th step."""
         now = self.capture.pass_id
         passes = now - self._pass_at_step if now is not None and self._pass_at_step is not None else None
         self._pass_at_step = now
         if outcome.grad_sq is not None and passes and self.capture.samples:
             self.noise.update(outcome.grad_sq, samples_per_pass=self.capture.samples, passes=passes,
                               world=self.world, grad_scale=self.loss_scale() / passes)
-        if self.steps % NOISE_SCALE_EVERY == 0:
+        if self.steps % MEASURE_EVERY == 0:
             self.noise.start()
 
     def inv_update_steps(self) -> int:

@@ -100,8 +100,9 @@ def load_batch(study: Study, plan: Plan, tokens: int) -> dict[str, list[dict[str
         for name, spec in (("lamb", lamb_spec(regime, lr=lr, seed=seed, part="report")),
                            ("kfac", kfac_spec(regime, lr=lr, seed=seed))):
             path = study.results / regime.name / "report" / f"{spec.name}.json"
-            if path.is_file() and json.loads(path.read_text()).get("error") is None:
-                out[name].append(json.loads(path.read_text()))
+            record = json.loads(path.read_text()) if path.is_file() else None
+            if record is not None and record.get("error") is None:
+                out[name].append(record)
     return out
 
 

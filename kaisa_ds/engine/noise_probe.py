@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
 from kaisa_ds.engine.grad_access import EngineGradAccessor, engine_loss_scale
-from kaisa_ds.layers.noise_scale import NoiseScale
-
-NOISE_SCALE_EVERY = 10  # steps between measurements, as in a K-FAC run
+from kaisa_ds.layers.noise_scale import MEASURE_EVERY, NoiseScale
+from kaisa_ds.precondition.apply import fp32_norms
 
 
 class EngineNoiseProbe:
@@ -27,7 +25,7 @@ class EngineNoiseProbe:
     and ``engine.step`` of its last pass (under ZeRO-1/2 the latter gathers each gradient: every rank must call it).
     """
 
-    def __init__(self, engine: Any, *, samples_per_pass: int, world: int, every: int = NOISE_SCALE_EVERY,
+    def __init__(self, engine: Any, *, samples_per_pass: int, world: int, every: int = MEASURE_EVERY,
                  smoothing: float = 0.9, start_step: int = 0) -> None:
         module = getattr(engine, "module", engine)
         self.params = [p for m in module.modules() if isinstance(m, nn.Linear) for p in m.parameters(recurse=False)
@@ -50,8 +48,8 @@ class EngineNoiseProbe:
         if not self.noise.measuring:
             return
         scale = engine_loss_scale(self.engine)
-        grads = [self.grads.get(p) for p in self.params]
-        step_sq = torch.stack([g.detach().float().pow(2).sum() for g in grads if g is not None]).sum() / scale**2
+        grads = [g.detach() for g in (self.grads.get(p) for p in self.params) if g is not None]
+        step_sq = fp32_norms(grads).pow(2).sum() / scale**2
         passes = int(self.engine.gradient_accumulation_steps())
         self.noise.update(step_sq, samples_per_pass=self.samples_per_pass, passes=passes, world=self.world,
                           grad_scale=scale / passes)  # engine.backward divides the loss by the passes

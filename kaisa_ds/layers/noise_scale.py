@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+MEASURE_EVERY = 10  # steps between measurements (one reduction per parameter and pass on a measured step)
+
 
 class NoiseScale:
     """Measures ``B_simple`` over the parameters ``params`` (K-FAC's layers: most of a transformer's weights)."""

@@ -92,7 +92,7 @@ def _kfac_phase1(root: Path) -> list[dict[str, Any]]:
 
 
 def test_kfac_phase1_then_phase2(root: Path) -> None:
-    full = _check_phase1(_pretrain(root, "kfac1", kfac=True), kfac=True)
+    full = _kfac_phase1(root)
     run = _pretrain(root, "kfac2", "--init-checkpoint", str(root / "kfac1" / "final"), phase=2, kfac=True, steps=3)
     _check_phase2(run, full)
 
