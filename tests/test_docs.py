@@ -89,13 +89,16 @@ def test_every_relative_link_resolves(page: Path) -> None:
 
 
 def _field(record: Any, path: str) -> Any:
-    """``a.b.0.c`` and ``rows[seed=1,variant=defaults].x`` into a JSON record."""
+    """``a.b.0.c``, ``rows[seed=1,variant=defaults].x`` and ``fits["4.8588"].x`` (a key holding dots) into a JSON
+    record."""
     value = record
     for part in re.findall(r"[^.\[\]]+(?:\[[^\]]*\])?", path):
         name, _, select = part.partition("[")
         if name:
             value = value[int(name)] if isinstance(value, list) else value[name]
-        if select:
+        if select.startswith('"'):
+            value = value[select.rstrip("]").strip('"')]
+        elif select:
             wanted = dict(kv.split("=") for kv in select.rstrip("]").split(","))
             matches = [v for v in value if all(str(v.get(k)) == w for k, w in wanted.items())]
             assert len(matches) == 1, f"{path}: {len(matches)} entries match [{select}"
