@@ -27,6 +27,7 @@ from benchmarks.convergence.parts import Parts
 from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, RANKS, Regime
 from benchmarks.convergence.runner import TUNE_SEED, RunSpec, run
 from bert_pretrain.curves import Curve, first_crossing
+from bert_pretrain.data.documents import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,41 @@ def kfac_spec(regime: Regime, *, lr: float, seed: int) -> RunSpec:
                    warmup=regime.warmups[0], steps=regime.steps, seed=seed, eval_part="report", kfac={})
 
 
+PLATEAUS = "plateaus.json"
+
+
+def recorded_plateau(results: Path, record: dict[str, Any], part: str, *, examples: int) -> float:
+    """The unigram plateau of ``part`` on the data cache ``record`` was evaluated with, kept in
+    ``results/plateaus.json`` once computed: the caches live in the work folder, which a fresh clone lacks, and the
+    fit must reproduce its figures from the committed records alone."""
+    cache = Path(record["eval_cache"])
+    key = f"{part}:{cache.name}:{examples}"
+    path = results / PLATEAUS
+    known: dict[str, float] = json.loads(path.read_text()) if path.is_file() else {}
+    if key in known:
+        return float(known[key])
+    if not (cache / "vocab.txt").is_file():
+        raise DataError(f"{path}: no plateau for {key!r}, and its data cache {cache} is absent; rerun the stage that "
+                        f"made the record (it prepares the cache) or restore {path.name} from git")
+    known[key] = analysis.frequency_model_loss(cache, part, examples=examples)
+    results.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
+    return known[key]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What the fit reads: a study's records, its rule and model; no text, vocabulary or data cache."""
+
+    results: Path
+    machine: dict[str, Any]
+    rule: Rule = RULE
+    model_size: str = "tiny"
+
+    def plateau(self, record: dict[str, Any], part: str) -> float:
+        return recorded_plateau(self.results, record, part, examples=self.rule.eval_examples)
+
+
 @dataclass(frozen=True)
 class Study:
     """Where the study's runs train and are recorded, and what they read."""
@@ -168,7 +204,7 @@ class Study:
                    machine=self.machine)
 
     def plateau(self, record: dict[str, Any], part: str) -> float:
-        return analysis.frequency_model_loss(Path(record["eval_cache"]), part, examples=self.rule.eval_examples)
+        return recorded_plateau(self.results, record, part, examples=self.rule.eval_examples)
 
     def tune(self, regime: Regime) -> dict[str, Any]:
         """LAMB's grid at one batch on the tune part; the lowest final loss chooses (``chosen.json``)."""

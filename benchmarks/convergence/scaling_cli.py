@@ -4,7 +4,7 @@
     python -m benchmarks.convergence scaling --stage plan --text runs/scaling/corpus.txt    # smallest batch, plan.json
     python -m benchmarks.convergence scaling --stage tune --text runs/scaling/corpus.txt    # LAMB's grid per batch
     python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
-    python -m benchmarks.convergence scaling --stage fit --text runs/scaling/corpus.txt     # fits, plots, summary
+    python -m benchmarks.convergence scaling --stage fit                                    # fits, plots, summary
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -21,7 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from benchmarks.convergence.parts import Parts, write_parts
-from benchmarks.convergence.scaling import QUICK, RULE, Plan, Rule, Study, load_plan, write_text
+from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, Study, load_plan, write_text
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +34,8 @@ def add_parser(sub: Any) -> None:
                                        "batch, K-FAC's defaults at its rate, fits of steps to target against batch",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--stage", choices=STAGES, required=True)
-    c.add_argument("--text", type=Path, required=True, help="the study's text (split into train / tune / report)")
+    c.add_argument("--text", type=Path, help="the study's text (split into train / tune / report); every stage but "
+                                           "fit needs it")
     c.add_argument("--vocab", type=Path, help="a BERT vocab.txt (default: one learnt on the training part)")
     c.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="the learnt vocabulary's size (%(default)s)")
     c.add_argument("--batches", type=int, nargs="+", help="tokens a step: a subset of the plan's (default: all)")
@@ -57,15 +58,21 @@ def study_vocab(parts: Parts, folder: Path, *, size: int) -> Path:
     return folder / "vocab.txt"
 
 
-def study_of(args: argparse.Namespace) -> Study:
-    rule = QUICK if args.quick else RULE
+def folders(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The work folder (runs, prepared data) and the results folder (records, plots) the arguments name."""
     suffix = "" if args.model_size == "tiny" else f"_{args.model_size}"
     if args.quick:
-        work = args.work or REPO / "runs" / "scaling_quick" / "work"
-        results = args.results or REPO / "runs" / "scaling_quick" / "results"
-    else:
-        work = args.work or REPO / "runs" / "scaling"
-        results = args.results or REPO / "benchmarks" / "results" / "convergence" / f"scaling{suffix}"
+        return (args.work or REPO / "runs" / "scaling_quick" / "work",
+                args.results or REPO / "runs" / "scaling_quick" / "results")
+    return (args.work or REPO / "runs" / "scaling",
+            args.results or REPO / "benchmarks" / "results" / "convergence" / f"scaling{suffix}")
+
+
+def study_of(args: argparse.Namespace) -> Study:
+    rule = QUICK if args.quick else RULE
+    if args.text is None:
+        raise SystemExit(f"--stage {args.stage} needs --text (the study's text; --stage text writes it)")
+    work, results = folders(args)
     parts = write_parts([args.text], work / "parts")
     vocab = args.vocab or study_vocab(parts, work, size=args.vocab_size)
     return Study(parts=parts, vocab=vocab, work=work, results=results, machine=machine(), rule=rule,
@@ -85,6 +92,13 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         path = write_text(QUICK if args.quick else RULE, args.text)
         print(f"the study's text: {path} ({path.stat().st_size / 1e6:.1f} MB)")
         return {"text": str(path)}
+    if args.stage == "fit":  # the records alone: no text, vocabulary or data cache
+        from benchmarks.convergence.scaling_fit import fit_study
+
+        recorded = Recorded(results=folders(args)[1], machine=machine(), rule=QUICK if args.quick else RULE,
+                            model_size=args.model_size)
+        plan = load_plan(recorded.results / "plan.json")
+        return fit_study(recorded, plan, batches=chosen_batches(plan, args))
     study = study_of(args)
     rule: Rule = study.rule
     plan_path = study.results / "plan.json"
@@ -100,10 +114,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return written
     plan = load_plan(plan_path)
     batches = chosen_batches(plan, args)
-    if args.stage == "fit":
-        from benchmarks.convergence.scaling_fit import fit_study
-
-        return fit_study(study, plan, batches=batches)
     done: dict[str, Any] = {}
     for tokens in tqdm(batches, desc=f"scaling {args.stage}", unit="batch"):
         regime = rule.regime_for(tokens, steps=plan.steps_at(tokens), model_size=args.model_size)

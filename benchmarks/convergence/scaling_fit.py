@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.convergence import analysis
-from benchmarks.convergence.scaling import Plan, Study, kfac_spec, lamb_spec
+from benchmarks.convergence.scaling import Plan, Recorded, kfac_spec, lamb_spec
 from bert_pretrain.curves import Curve, first_crossing
 
 BOOTSTRAP = 2000
@@ -87,7 +87,7 @@ def run_figures(record: dict[str, Any], *, targets: Sequence[float], tokens: int
     return out
 
 
-def load_batch(study: Study, plan: Plan, tokens: int) -> dict[str, list[dict[str, Any]]]:
+def load_batch(study: Recorded, plan: Plan, tokens: int) -> dict[str, list[dict[str, Any]]]:
     """The recorded report runs of one batch (missing runs are left out: the stage has not reached them)."""
     rule = study.rule
     regime = rule.regime_for(tokens, steps=plan.steps_at(tokens), model_size=study.model_size)
@@ -106,7 +106,7 @@ def load_batch(study: Study, plan: Plan, tokens: int) -> dict[str, list[dict[str
     return out
 
 
-def fit_study(study: Study, plan: Plan, *, batches: Sequence[int]) -> dict[str, Any]:
+def fit_study(study: Recorded, plan: Plan, *, batches: Sequence[int]) -> dict[str, Any]:
     """Every batch's figures, the fits per optimizer and target, K-FAC's time to LAMB's final; writes
     ``summary.json`` and ``scaling.png`` into the study's results."""
     per_batch: dict[int, dict[str, Any]] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ from benchmarks.convergence.runner import noise_curve
 from benchmarks.convergence.scaling import RULE, noise_at
 from benchmarks.convergence.scaling_fit import bootstrap_interval, fit_critical_batch, ratio_interval
 from benchmarks.convergence.scaling_plots import plot_scaling
+from bert_pretrain.data.documents import DataError
+
+RECORDS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "convergence" / "scaling"
 
 
 def test_the_fit_recovers_a_known_critical_batch() -> None:
@@ -107,6 +111,38 @@ def test_the_plot_draws_every_batch_from_a_summary(tmp_path: Path) -> None:
     out = tmp_path / "scaling.png"
     plot_scaling({"targets": targets, "per_batch": per_batch, "fits": fits, "noise_tokens": 7000.0}, out=out)
     assert out.stat().st_size > 20_000
+
+
+def committed_records(tmp_path: Path) -> Path:
+    """The study's committed records, where their data caches (runs/scaling/data, a work folder) do not exist."""
+    copy = tmp_path / "scaling"
+    shutil.copytree(RECORDS, copy, ignore=shutil.ignore_patterns("*.png"))
+    record = json.loads((copy / "b2048" / "report" / "lamb_lr0.01_seed1.json").read_text())
+    record["eval_cache"] = str(tmp_path / "absent_cache" / Path(record["eval_cache"]).name)
+    (copy / "b2048" / "report" / "lamb_lr0.01_seed1.json").write_text(json.dumps(record))
+    return copy
+
+
+def test_the_fit_reproduces_the_committed_summary_from_the_records_alone(tmp_path: Path) -> None:
+    from benchmarks.convergence.cli import main
+
+    results = committed_records(tmp_path)
+    (results / "summary.json").unlink()
+    summary = main(["scaling", "--stage", "fit", "--results", str(results)])
+    committed = json.loads((RECORDS / "summary.json").read_text())
+    assert summary["plateau"] == committed["plateau"]
+    assert summary["kfac_to_lamb_critical_batch"] == committed["kfac_to_lamb_critical_batch"]
+    assert summary["per_batch"] == committed["per_batch"]
+    assert (results / "scaling.png").stat().st_size > 20_000
+
+
+def test_the_fit_without_a_recorded_plateau_or_its_cache_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    from benchmarks.convergence.cli import main
+
+    results = committed_records(tmp_path)
+    (results / "plateaus.json").unlink()
+    with pytest.raises(DataError, match=r"plateaus\.json.*absent_cache.*rerun the stage"):
+        main(["scaling", "--stage", "fit", "--results", str(results)])
 
 
 @pytest.mark.slow  # ~4 min: 15 launches of bert_pretrain
