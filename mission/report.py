@@ -232,8 +232,11 @@ def measured(settings: dict[str, Any]) -> str:
     steps = settings.get("phase1_steps", "?")
     until = (" (K-FAC's until it first reached LAMB's final held-out loss)"
              if settings.get("kfac_until_lamb_final") else "")
+    tokens = settings.get("phase1_batch_tokens")
+    batch = f", {tokens:,} tokens a step" if tokens else ""
     return (f"BERT-{settings.get('model', '?')} pretrained for {steps} phase-1 steps{until} "
-            f"({settings.get('phase1_seq_length', 128)} tokens) and {settings.get('phase2_steps', '?')} phase-2 steps "
+            f"({settings.get('phase1_seq_length', 128)} tokens{batch}) and "
+            f"{settings.get('phase2_steps', '?')} phase-2 steps "
             f"(512 tokens) on {settings.get('ranks', '?')} ranks on {corpus}, then fine-tuned on SQuAD-style "
             f"questions; seed {settings.get('seed', '?')}. 'Held-out MLM' is the masked-LM loss on the corpus "
             "documents held out of training (phase 1), evaluated every "

@@ -2,10 +2,12 @@
 
 1. generate the built-in corpus and its SQuAD-style questions (or take --data / --squad-train / --squad-eval);
 2. pretrain a BERT twice, phase 1 then phase 2 (seq 512): LAMB, and LAMB + K-FAC with the library's defaults
-   (``"kfac": {"enabled": true}``), same seed and data. By default phase 1 is the convergence study's small regime
-   (64 tokens, 32 sequences a step, 1500 steps, LAMB's tuned lr and warmup) and K-FAC's phase 1 ends where it
-   first reaches LAMB's final held-out MLM loss: that model goes on, as KAISA claims the same quality for less
-   pretraining time (benchmarks/results/mission/rule.md says how this was chosen, before any run);
+   (``"kfac": {"enabled": true}``), same seed and data. By default phase 1 runs 8,192 tokens a step (128 sequences
+   of 128 tokens, 375 steps: the small regime's token budget), the smallest of the scaling study's batches at or
+   above LAMB's fitted critical batch, with LAMB at the rate the study tuned there (``--phase1-batch`` reruns it
+   at another batch, mission/batch.py), and K-FAC's phase 1 ends where it first reaches LAMB's final held-out MLM
+   loss: that model goes on, as KAISA claims the same quality for less pretraining time
+   (benchmarks/results/mission/rule.md and rule_batch.md say how this was chosen, before any run);
 3. fine-tune both on SQuAD and score F1/EM;
 4. write report.md (and report.json) with a table, held-out MLM loss against steps and training seconds (PNG),
    and the steps and seconds each variant needed to reach LAMB's final held-out MLM loss.
@@ -22,6 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bert_pretrain.intervals import interval_warnings
+from mission.batch import DEFAULT_TOKENS, EVALS, MIN_EVAL_EVERY, TOKEN_BUDGET, phase1_recipe
 from mission.jobs import REPO
 from mission.report import write_report
 from mission.stages import StageRecord, file_digest
@@ -46,7 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--squad-train", type=Path, help="SQuAD v1.1 train JSON (default: built-in questions)")
     p.add_argument("--squad-eval", type=Path, help="SQuAD v1.1 eval JSON (default: built-in questions)")
     p.add_argument("--model-size", default="tiny", help="tiny (CPU), mini, base or large")
-    p.add_argument("--phase1-steps", type=int, default=1500, help="phase-1 optimizer steps")
+    p.add_argument("--phase1-batch", type=int,
+                   help=f"phase-1 tokens a step (default {DEFAULT_TOKENS}: benchmarks/results/mission/rule_batch.md); "
+                        "the built-in recipe reshaped to it at the same token budget, LAMB at the rate the scaling "
+                        "study tuned there and K-FAC at LAMB's")
+    p.add_argument("--phase1-steps", type=int,
+                   help=f"phase-1 optimizer steps (default: {TOKEN_BUDGET:,} tokens over the batch; with "
+                        "--lamb/--kfac-phase1-config or --config-prefix, the config's lr_schedule.total_steps)")
     p.add_argument("--phase1-seq-length", type=int, default=64, help="phase-1 tokens per sequence")
     p.add_argument("--phase1-max-predictions", type=int, default=10, help="phase-1 masked tokens per sequence at most")
     p.add_argument("--kfac-full-run", action="store_true",
@@ -64,8 +73,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="phase-1 config of the K-FAC variant, its kfac section included (default: "
                         "<prefix>_phase1_kfac.json); e.g. benchmarks/results/convergence/<regime>/"
                         "chosen_kfac_ds_config.json")
-    p.add_argument("--eval-every", type=int, default=50,
-                   help="pretraining steps between held-out evaluations (the points of the held-out curves)")
+    p.add_argument("--eval-every", type=int,
+                   help="pretraining steps between held-out evaluations (the points of the held-out curves; "
+                        f"default: about {EVALS} a phase 1)")
     p.add_argument("--squad-config", type=Path, default=Path("ds_configs/squad_tiny_cpu.json"))
     p.add_argument("--ranks", type=int, default=2, help="processes (CPU ranks or GPUs) per job")
     p.add_argument("--articles", type=int, default=None,
@@ -91,6 +101,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.articles and args.data and args.squad_train:
         p.error("--articles sizes the built-in corpus and questions, but --data and --squad-train/--squad-eval "
                 "replace both: leave --articles out")
+    own = [flag for flag, value in (("--config-prefix", args.config_prefix), ("--lamb-phase1-config",
+                                    args.lamb_phase1_config), ("--kfac-phase1-config", args.kfac_phase1_config))
+           if value is not None]
+    args.recipe = None
+    if own and args.phase1_batch is not None:
+        p.error(f"--phase1-batch reshapes the built-in phase-1 recipe, but {' and '.join(own)} gives phase 1's "
+                "configs: set train_batch_size (and the lr) in those configs, or leave --phase1-batch out")
+    if not own:
+        try:
+            args.recipe = phase1_recipe(tokens=args.phase1_batch or DEFAULT_TOKENS, seq=args.phase1_seq_length,
+                                        ranks=args.ranks, steps=args.phase1_steps)
+        except ValueError as exc:
+            p.error(str(exc))
+        args.phase1_steps = args.recipe.steps
+    elif args.phase1_steps is None:  # a missing config is refused by input_warnings, naming its flag
+        config = in_repo(phase_config(args, phase=1, suffix=""))
+        schedule = json.loads(config.read_text()).get("lr_schedule", {}) if config.is_file() else {"total_steps": 0}
+        if "total_steps" not in schedule:
+            p.error(f"{config} has no lr_schedule.total_steps: give --phase1-steps")
+        args.phase1_steps = int(schedule["total_steps"])
+    if args.eval_every is None:
+        args.eval_every = args.recipe.eval_every if args.recipe else max(MIN_EVAL_EVERY, args.phase1_steps // EVALS)
     return args
 
 
@@ -163,6 +195,7 @@ def report_settings(args: argparse.Namespace, *, squad: str) -> dict[str, Any]:
     """What the report says it ran: every setting that changes a figure, the seed included (runs of several seeds
     are told apart and summarised by ``python -m benchmarks.mission_seeds``)."""
     return {"model": args.model_size, "phase1_steps": args.phase1_steps, "phase1_seq_length": args.phase1_seq_length,
+            "phase1_batch_tokens": args.recipe.tokens if args.recipe else None,
             "kfac_until_lamb_final": not args.kfac_full_run, "phase2_steps": args.phase2_steps, "ranks": args.ranks,
             "eval_every": args.eval_every, "seed": args.seed,
             "data": " ".join(map(str, args.data)) if args.data else "built-in",
@@ -171,11 +204,33 @@ def report_settings(args: argparse.Namespace, *, squad: str) -> dict[str, Any]:
             "kfac_phase1_config": phase_config(args, phase=1, suffix="_kfac")}
 
 
+def phase1_configs(args: argparse.Namespace, out: Path) -> list[str]:
+    """With the built-in recipe, point both variants' phase-1 configs at it for this batch and length: the shipped
+    files when they hold it already (the default), else reshaped copies under ``out/configs``. Returns the
+    recipe's warning (a batch the scaling study did not tune), logged."""
+    if args.recipe is None:
+        return []
+    for suffix, attr in (("", "lamb_phase1_config"), ("_kfac", "kfac_phase1_config")):
+        shipped = f"{DEFAULT_PREFIXES[1]}_phase1{suffix}.json"
+        config = json.loads(in_repo(shipped).read_text())
+        wanted = args.recipe.apply(config, ranks=args.ranks)
+        if wanted != config:
+            path = out / "configs" / f"phase1{suffix}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(wanted, indent=2) + "\n")
+            shipped = str(path)
+        setattr(args, attr, shipped)
+    warning = args.recipe.untuned_warning()
+    if warning:
+        logger.warning("WARNING: %s", warning)
+    return [warning] if warning else []
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    warnings = input_warnings(args)
     out = (args.output if args.output.is_absolute() else REPO / args.output).resolve()
+    warnings = phase1_configs(args, out) + input_warnings(args)
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
     stages = 1 + len(VARIANTS) * 3

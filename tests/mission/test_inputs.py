@@ -163,12 +163,14 @@ def test_a_missing_input_file_is_refused_at_once_by_its_flag(flag: str, capsys: 
 
 
 def test_an_evaluation_interval_as_long_as_phase_1_is_warned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--phase1-steps 10 with the default --eval-every: the held-out curves (and the crossing of LAMB's final
-    loss) had one point, the last, without a word."""
+    """--phase1-steps 10 with --eval-every 50: the held-out curves (and the crossing of LAMB's final loss) had one
+    point, the last, without a word. Left out, the interval follows the phase's length."""
     _fake_stages(monkeypatch)
-    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "10"])
+    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-steps", "10",
+                      "--eval-every", "50"])
     warnings = " ".join(json.loads((tmp_path / "out" / "report.json").read_text())["warnings"])
-    assert f"--eval-every {mission_run.parse_args([]).eval_every}" in warnings and "--phase1-steps 10" in warnings
+    assert "--eval-every 50" in warnings and "--phase1-steps 10" in warnings
+    assert mission_run.parse_args(["--phase1-steps", "10"]).eval_every * 2 <= 10
 
 
 def test_every_config_prefix_the_docs_name_has_both_phases_of_both_variants() -> None:
@@ -218,22 +220,73 @@ def test_kfacs_phase_1_ends_at_lambs_final_held_out_loss_unless_told_to_run_on(
     assert kfac_runs and "--stop-at-heldout" not in kfac_runs[0]  # a changed argument: rerun, without the stop
 
 
-def test_the_main_jobs_phase_1_is_the_small_regime_with_lambs_tuned_settings_and_kfacs_defaults() -> None:
-    """The main job claims to run the convergence study's small regime (where the defaults' gain was measured) at
-    LAMB's tuned lr and warmup, with K-FAC at the library's defaults: its configs and flags must not drift from it."""
-    from benchmarks.convergence.regimes import REGIMES, ds_config
+def test_the_main_jobs_phase_1_is_the_scaling_studys_batch_at_lambs_tuned_rate_and_kfacs_defaults() -> None:
+    """The rule (benchmarks/results/mission/rule_batch.md): phase 1 at 8,192 tokens a step, the smallest of the
+    scaling study's batches at or above LAMB's fitted critical batch, at today's token budget, LAMB at the rate
+    the study's tuning chose there, K-FAC with nothing but ``enabled``: the shipped configs must not drift."""
+    from benchmarks.convergence.regimes import ds_config
+    from benchmarks.convergence.scaling import RULE
 
+    summary = json.loads((REPO / "benchmarks/results/convergence/scaling/summary.json").read_text())
+    late = f"{summary['targets'][-1]:.4f}"
+    critical = summary["fits"]["lamb"][late]["b_crit_tokens"]
+    assert min(b for b in RULE.batches if b >= critical) == 8192
     args = mission_run.parse_args([])
-    small = REGIMES["small"]
-    chosen = json.loads((REPO / "benchmarks/results/convergence/small/chosen.json").read_text())["lamb"]
-    expected = ds_config(small, lr=chosen["lr"], warmup=chosen["warmup"], steps=small.steps, kfac=None)
+    steps = 1500 * 2048 // 8192
+    regime = RULE.regime_for(8192, steps=steps)
+    chosen = json.loads((REPO / "benchmarks/results/convergence/scaling/b8192/chosen.json").read_text())["lamb"]
+    expected = ds_config(regime, lr=chosen["lr"], warmup=RULE.warmup, steps=steps, kfac=None)
+    expected.pop("gradient_accumulation_steps")  # left to DeepSpeed: the shipped file must load on any world size
     lamb = json.loads((REPO / mission_run.phase_config(args, phase=1, suffix="")).read_text())
     kfac = json.loads((REPO / mission_run.phase_config(args, phase=1, suffix="_kfac")).read_text())
-    assert lamb | {"gradient_accumulation_steps": small.gas} == expected
+    assert lamb == expected
     assert kfac == lamb | {"kfac": {"enabled": True}}  # nothing of K-FAC set: the library's defaults
     assert (args.phase1_steps, args.phase1_seq_length, args.phase1_max_predictions, args.eval_every) == \
-        (small.steps, small.seq, small.max_predictions, small.eval_every)
-    assert small.ranks == args.ranks
+        (steps, RULE.seq, RULE.max_predictions, regime.eval_every)
+    assert args.ranks == 2
+
+
+def test_every_tuned_rate_of_the_batch_recipe_is_the_scaling_studys_choice() -> None:
+    from mission.batch import TUNED_LR
+
+    folders = sorted((REPO / "benchmarks/results/convergence/scaling").glob("b*/chosen.json"))
+    chosen = {int(f.parent.name[1:]): json.loads(f.read_text())["lamb"]["lr"] for f in folders}
+    assert chosen == TUNED_LR
+
+
+def test_another_phase1_batch_reshapes_both_variants_at_the_same_token_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched = _fake_stages(monkeypatch)
+    out = tmp_path / "out"
+    mission_run.main(["--output", str(out), "--articles", "30", "--phase1-batch", "16384"])
+    phase1 = [a for a in launched if a[0] == "bert_pretrain" and a[a.index("--phase") + 1] == "1"]
+    assert len(phase1) == 2
+    for run in phase1:
+        assert run[run.index("--max-steps") + 1] == str(round(1500 * 2048 / 16384))
+        config = json.loads(Path(run[run.index("--config") + 1]).read_text())
+        assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"]) == (256, 64)
+        assert "gradient_accumulation_steps" not in config  # DeepSpeed infers 2: 128 a rank, two passes of 64
+        assert config["optimizer"]["params"]["lr"] == 0.028284  # the study's choice at 16,384
+        assert config["lr_schedule"]["total_steps"] == 188
+    kfac = json.loads((out / "configs" / "phase1_kfac.json").read_text())
+    assert kfac["kfac"] == {"enabled": True}
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["phase1_batch_tokens"] == 16384
+    assert not any("did not tune" in w for w in report["warnings"])  # the study tuned LAMB at 16,384
+
+
+def test_an_untuned_phase1_batch_is_warned_and_a_ragged_one_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_stages(monkeypatch)
+    mission_run.main(["--output", str(tmp_path / "out"), "--articles", "30", "--phase1-batch", "12288"])
+    warnings = json.loads((tmp_path / "out" / "report.json").read_text())["warnings"]
+    assert any("--phase1-batch 12288" in w and "did not tune" in w for w in warnings), warnings
+    with pytest.raises(SystemExit):
+        mission_run.parse_args(["--phase1-batch", "1000"])
+    assert "--phase1-batch 1000" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mission_run.parse_args(["--phase1-batch", "4096", "--config-prefix", "ds_configs/bert_tiny"])
+    assert "--config-prefix" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not (REPO.parent / "shared" / "data" / "wikitext-2" / "valid.txt").is_file(),
