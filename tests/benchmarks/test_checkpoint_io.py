@@ -11,6 +11,7 @@ import pytest
 from benchmarks.checkpoint_io import main
 
 
+@pytest.mark.slow  # ~13 s
 def test_tiny_run_shows_the_checkpoint_claims(tmp_path: Path) -> None:
     out = tmp_path / "checkpoint_io.json"
     main(["--worlds", "1", "2", "--simulated-worlds", "1", "2", "4", "--layers", "2", "--hidden", "64",

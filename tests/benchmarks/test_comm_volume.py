@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from benchmarks.comm_volume import STEP_KINDS, compare, formulas, main
 
 
@@ -54,6 +56,7 @@ def test_compare_reports_every_disagreement() -> None:
     assert any("the core's counters say [0, 0] B, intercepted [24, 0] B" in p for p in problems)
 
 
+@pytest.mark.slow  # ~14 s; default suite: planned vs measured traffic in tests/kaisa_ds/plan/test_against_measured.py
 def test_two_rank_run_matches_the_formulas(tmp_path: Path) -> None:
     out = tmp_path / "comm_volume.json"
     main(["--worlds", "2", "--strategies", "MEM-OPT", "COMM-OPT", "--out", str(out)])

@@ -158,6 +158,7 @@ def _common(tmp_path: Path) -> list[str]:
 
 
 @REAL_DATA
+@pytest.mark.slow  # ~55 s; default suite: the harness learns real text in test_convergence_minimal.py
 def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> None:
     """tune --quick (small regime): a 1-run LAMB grid and a 1-run K-FAC grid, 2 bert_pretrain launches."""
     chosen = main(["tune", "--regime", "small", *_common(tmp_path)])
@@ -181,7 +182,7 @@ def test_quick_tuning_trains_on_train_and_chooses_on_tune(tmp_path: Path) -> Non
 
 
 @REAL_DATA
-@pytest.mark.slow  # ~80 s; the same runner in the default suite: test_quick_tuning_trains_on_train_and_chooses_on_tune
+@pytest.mark.slow  # ~80 s; default suite: the harness learns real text in test_convergence_minimal.py
 def test_quick_final_reports_figures_from_the_report_part(tmp_path: Path) -> None:
     """final --quick (small regime, seed 1) from a recorded choice (tuned --quick: 4 steps per run): 2 bert_pretrain
     launches."""

@@ -65,6 +65,7 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path) -> None:
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # ~8 s
 def test_cpu_smoke_of_the_levers_times_accumulated_steps(tmp_path: Path) -> None:
     """--job-gpus makes a step one GPU's accumulated passes; every lever combination is one run, with the
     decompositions' split over the job's GPUs."""

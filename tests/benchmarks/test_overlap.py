@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.overlap import main
 
 
+@pytest.mark.slow  # ~8 s; default suite: overlapped factors in tests/kaisa_ds/distributed/test_equivalence.py
 def test_tiny_run_starts_buckets_from_the_hooks_only_when_overlapped(tmp_path: Path) -> None:
     out = tmp_path / "overlap.json"
     res = main(["--size", "tiny", "--batch", "2", "--seq", "16", "--rounds", "2", "--bucket-mb", "0.01",

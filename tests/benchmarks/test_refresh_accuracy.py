@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(not real_data_present(), reason=SHARED_ABSENT)
 TEXT = ["--text", str(WIKITEXT_VALID), "--vocab", str(BERT_VOCAB)]
 
 
+@pytest.mark.slow  # ~30 s; default suite: the next test runs the same comparison
 def test_the_refresh_is_compared_with_fp64_eigh_at_every_decomposition(tmp_path: Path) -> None:
     res = refresh_accuracy.main(["--size", "tiny", "--batch", "4", "--seq", "16", "--steps", "120", "--windows", "4",
                                  "--chains", "0:0.2", "0:0", *TEXT, "--out", str(tmp_path / "r.json")])

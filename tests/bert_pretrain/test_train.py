@@ -77,7 +77,7 @@ def _check_phase2(run: Path, phase1: list[dict[str, Any]]) -> None:
     assert json.loads((run / "summary.json").read_text())["phase"] == 2
 
 
-@pytest.mark.slow  # ~30 s; the K-FAC test runs the same two phases with resume (the default suite's path)
+@pytest.mark.slow  # ~30 s; default suite: learning in test_learning.py; the mission runs both phases
 def test_lamb_phase1_then_phase2(root: Path) -> None:
     phase1 = _check_phase1(_pretrain(root, "lamb1"), kfac=False)
     run = _pretrain(root, "lamb2", "--init-checkpoint", str(root / "lamb1" / "final"), phase=2, steps=3)
@@ -91,13 +91,14 @@ def _kfac_phase1(root: Path) -> list[dict[str, Any]]:
     return _rows(root / "kfac1")
 
 
+@pytest.mark.slow  # ~60 s; default suite: learning in test_learning.py, both phases through the mission's tests
 def test_kfac_phase1_then_phase2(root: Path) -> None:
     full = _kfac_phase1(root)
     run = _pretrain(root, "kfac2", "--init-checkpoint", str(root / "kfac1" / "final"), phase=2, kfac=True, steps=3)
     _check_phase2(run, full)
 
 
-@pytest.mark.slow  # ~25 s; the default suite resumes a killed K-FAC run exactly in tests/faults/test_crash_resume.py
+@pytest.mark.slow  # ~25 s; default suite: exact resume in tests/kaisa_ds/checkpoint/test_shards.py
 def test_kfac_resume_logs_the_uninterrupted_losses(root: Path) -> None:
     """A run killed after step 6 (last checkpoint at step 4) and resumed must log the same losses at every step as
     the uninterrupted run, K-FAC state, data position and RNG included."""
@@ -112,6 +113,7 @@ def test_kfac_resume_logs_the_uninterrupted_losses(root: Path) -> None:
     assert json.loads((root / "killed" / "summary.json").read_text())["resumed_from"] == 4
 
 
+@pytest.mark.slow  # ~45 s; default suite: the mission passes --stop-at-heldout (tests/mission/test_inputs.py)
 def test_stop_at_heldout_ends_the_phase_at_the_first_evaluation_reaching_it(root: Path) -> None:
     """Any first held-out loss is below 100, so the phase ends at its first evaluation (step 5 of 10), saved there
     as final/, with the learning rates of the 10-step schedule; --resume then leaves the finished run alone."""

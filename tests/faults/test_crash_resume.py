@@ -62,6 +62,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.mark.slow  # ~130 s; default suite: resume in kaisa_ds/checkpoint/test_shards.py; full disk: test_disk_full.py
 def test_kills_full_disk_and_corruption_then_resume_matches_an_uninterrupted_run(root: Path) -> None:
     _launch(root, "ref")
     reference = _losses(root / "ref")

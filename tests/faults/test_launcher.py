@@ -70,6 +70,7 @@ def test_sigterm_of_the_mission_stops_the_ranks(tmp_path: Path) -> None:
     assert _gone_within(ranks, 30), "ranks outlived the mission"
 
 
+@pytest.mark.slow  # ~20 s; default suite: a SIGTERM stops the ranks below
 def test_a_timeout_kills_the_ranks(tmp_path: Path) -> None:
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 20 s and was killed with its ranks"):

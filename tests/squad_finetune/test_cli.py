@@ -44,6 +44,7 @@ def _metrics(output: Path) -> list[dict[str, Any]]:
 
 
 @requires_bert_vocab
+@pytest.mark.slow  # ~18 s: builds a BERT-base
 def test_bert_base_sized_model_gets_the_recipe_the_help_states(tmp_path: Path) -> None:
     """Without --config a BERT-base-wide model is fine-tuned with BERT's SQuAD recipe (the old default config
     gave any model the tiny CPU recipe: lr 2e-3 and 128-token windows)."""

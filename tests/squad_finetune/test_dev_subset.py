@@ -9,12 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from squad_finetune.evaluate import score_predictions
 from tests.support.squad_data import BERT_VOCAB, DEV_SUBSET, REPO_ROOT, requires_bert_vocab, requires_dev_subset
 
 
 @requires_dev_subset
 @requires_bert_vocab
+@pytest.mark.slow  # ~16 s
 def test_eval_only_on_dev_articles(tmp_path: Path) -> None:
     from bert_pretrain.data.tokenizer import load_tokenizer
     from tests.support.squad_data import save_tiny_qa_model

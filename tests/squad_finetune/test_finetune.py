@@ -39,7 +39,7 @@ def _finetune_builtin(tmp_path: Path, *, articles: int, config: Path, extra: lis
     return output
 
 
-@pytest.mark.slow  # ~42 s; default suite: learning in test_learning (real articles), two ranks with K-FAC below,
+@pytest.mark.slow  # ~42 s; default suite: learning in test_learning (real articles), two-rank K-FAC in tests/kaisa_ds,
 # the official evaluator's CLI in test_evaluate, --eval-only in test_cli
 def test_two_rank_finetune_on_builtin_data_beats_untrained(tmp_path: Path) -> None:
     output = _finetune_builtin(tmp_path, articles=1000, config=CONFIG,
@@ -87,6 +87,7 @@ def test_two_rank_finetune_on_builtin_data_beats_untrained(tmp_path: Path) -> No
     assert again["train_steps"] == 0
 
 
+@pytest.mark.slow  # ~30 s; default suite: learning in test_learning.py
 def test_two_rank_finetune_with_kfac_config(tmp_path: Path) -> None:
     output = _finetune_builtin(tmp_path, articles=100, config=KFAC_CONFIG,
                                extra=["--max-steps", "20", "--log-every", "5"])

@@ -94,7 +94,7 @@ def test_each_rank_writes_about_half_of_the_gathered_state(saved_on_two: tuple[P
     assert sum(shards) <= 1.05 * gathered  # every factor and decomposition once, not once per rank
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: ~13 s
 def test_resume_at_any_world_size_continues_the_uninterrupted_losses(saved_on_two: tuple[Path, list[dict]],
                                                                       world: int) -> None:
     folder, _ = saved_on_two

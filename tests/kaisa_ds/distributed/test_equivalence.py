@@ -72,7 +72,7 @@ def _assert_close(got: list[dict[str, torch.Tensor]], want: list[dict[str, torch
                                        msg=lambda m, n=name, s=step: f"{label} step {s} {n}: {m}")
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4 ranks: ~19 s
 def test_strategies_match_single_process(world: int, reference: list[dict[str, torch.Tensor]]) -> None:
     per_rank = run_distributed(_all_strategies, world)
     for rank, results in enumerate(per_rank):

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from kaisa_ds.engine.launch import free_port
 from tests.support.launch import REPO_ROOT
 
@@ -32,6 +34,7 @@ def run_two_ranks() -> list[tuple[int, str]]:
     return [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
 
 
+@pytest.mark.slow  # ~40 s
 def test_ranks_do_not_abort_at_exit_after_their_last_collective() -> None:
     for i in range(RUNS):
         for rc, stderr in run_two_ranks():

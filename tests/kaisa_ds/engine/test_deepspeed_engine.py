@@ -79,6 +79,7 @@ def test_fp16_overflow_drops_the_window_on_every_rank(tmp_path: Path) -> None:
         assert got["losses"][2] < got["losses"][0]  # training went on after the skipped step
 
 
+@pytest.mark.slow  # ~17 s; default suite: clipping through the Trainer in tests/kaisa_ds/hf/test_hf_trainer.py
 def test_gradient_clipping_applies_to_preconditioned_gradients(tmp_path: Path) -> None:
     got = _launch("clip", tmp_path)["clip"]
     for record in got["captured"]:
@@ -105,6 +106,7 @@ def _as_previous_format(tag: Path) -> None:
         path.unlink()
 
 
+@pytest.mark.slow  # ~100 s; default suite: exact resume across world sizes in tests/kaisa_ds/checkpoint/test_shards.py
 def test_checkpoint_resume_is_identical_also_on_another_world_size_and_refuses_other_models(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     full = _launch("save", tmp_path, ckpt=ckpt)
@@ -126,6 +128,7 @@ def test_checkpoint_resume_is_identical_also_on_another_world_size_and_refuses_o
     assert corrupt is not None and str(shard) in corrupt  # its new size no longer matches the index
 
 
+@pytest.mark.slow  # ~65 s; default suite: tests/kaisa_ds/checkpoint/test_state.py resumes two ranks' state on one
 def test_checkpoint_from_one_rank_resumes_on_two_and_the_previous_format_still_loads(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     full = _launch("save", tmp_path, ranks=1, ckpt=ckpt)
@@ -136,6 +139,7 @@ def test_checkpoint_from_one_rank_resumes_on_two_and_the_previous_format_still_l
     assert old["losses"] == full["losses"][2:] and old["kfac_steps"] == 4
 
 
+@pytest.mark.slow  # ~17 s; default suite: the metrics in tests/kaisa_ds/hf/test_hf_trainer_modes.py
 def test_monitor_receives_kfac_timings(tmp_path: Path) -> None:
     _launch("monitor", tmp_path, ckpt=tmp_path / "monitor")
     files = {p.name for p in (tmp_path / "monitor").rglob("*.csv")}

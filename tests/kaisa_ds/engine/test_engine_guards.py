@@ -170,6 +170,7 @@ def _train_without_steps_per_print(rank: int, world: int) -> int:
     return int(engine.kfac.steps)
 
 
+@pytest.mark.slow  # ~8 s
 def test_a_config_without_steps_per_print_trains() -> None:
     """DeepSpeed 0.19.8's default steps_per_print is None (the HF Trainer's configs set it, hand-written ones
     often do not); the step wrapper used to fail on it at the first boundary."""

@@ -41,6 +41,7 @@ WIKITEXT, BERT_VOCAB = DATA / "wikitext-2" / "valid.txt", DATA / "bert-vocab" / 
 
 
 @pytest.mark.skipif(not (WIKITEXT.is_file() and BERT_VOCAB.is_file()), reason=f"needs {WIKITEXT} and {BERT_VOCAB}")
+@pytest.mark.slow  # ~60 s; default suite: the loop matches kaisa_ds.initialize below; learns: test_hf_trainer_modes.py
 def test_accelerate_loop_learns_real_text_with_kfac(tmp_path: Path) -> None:
     """The README's loop (prepare, attach_to_accelerator, accumulate) on WikiText-2 valid with the bert-base-uncased
     vocabulary, 2 CPU ranks under torchrun, 40 optimizer steps of 2 x 8 x 64 tokens per rank (~30 s). Measured: the

@@ -37,6 +37,7 @@ def _summary(text: str) -> Summary:
 
 
 @pytest.mark.skipif(not WIKITEXT.is_file(), reason=f"needs {WIKITEXT}")
+@pytest.mark.slow  # ~75 s; default suite: the Trainer example that learns is test_example_causal_lm.py
 def test_hf_trainer_example_learns_with_kfac_and_resumes_with_its_vocabulary(tmp_path: Path) -> None:
     out = ["--deepspeed", CONFIG, "--output", str(tmp_path / "run")]
     first = run_deepspeed([SCRIPT, *out, "--text", str(WIKITEXT), "--max-steps", "60", "--save-steps", "60"])
@@ -70,6 +71,7 @@ def test_hf_trainer_example_bf16_on_cpu_runs_in_bf16_and_learns(tmp_path: Path) 
     assert float(UNK.findall(proc.stdout)[0][0]) < 5.0
 
 
+@pytest.mark.slow  # ~19 s; launches the example twice
 def test_hf_trainer_example_refuses_a_resume_with_another_vocab(tmp_path: Path) -> None:
     out = tmp_path / "run"
     out.mkdir()

@@ -43,6 +43,7 @@ def test_trainer_matches_kaisa_ds_initialize_and_clips_the_preconditioned_gradie
         assert preconditioned > 1.0 and seen == pytest.approx(1.0, rel=1e-4)
 
 
+@pytest.mark.slow  # ~29 s; default suite: exact resume in tests/kaisa_ds/checkpoint/test_shards.py
 def test_resume_from_checkpoint_continues_with_identical_losses(tmp_path: Path) -> None:
     got = _launch("resume", tmp_path)
     full, resumed = got["full"], got["resumed"]
@@ -56,6 +57,7 @@ def test_resume_from_checkpoint_continues_with_identical_losses(tmp_path: Path) 
     assert (tag / META).is_file() and len(list(tag.glob("kfac_rank*_of_002.pt"))) == 2
 
 
+@pytest.mark.slow  # ~25 s; default suite: the same drop under DeepSpeed in test_deepspeed_engine.py
 def test_fp16_overflow_window_is_dropped_and_training_goes_on(tmp_path: Path) -> None:
     got = _launch("overflow", tmp_path)["trainer"]
     assert got["optimizer"] == "FP16_UnfusedOptimizer"  # the Trainer's fp16=True reached DeepSpeed's fp16 path
