@@ -3,7 +3,7 @@
 1. generate the built-in corpus and its SQuAD-style questions (or take --data / --squad-train / --squad-eval);
 2. pretrain a BERT twice, phase 1 then phase 2 (seq 512): LAMB, and LAMB + K-FAC with the library's defaults
    (``"kfac": {"enabled": true}``), same seed and data. By default phase 1 runs 8,192 tokens a step (128 sequences
-   of 128 tokens, 375 steps: the small regime's token budget), the smallest of the scaling study's batches at or
+   of 64 tokens, 375 steps: the small regime's token budget), the smallest of the scaling study's batches at or
    above LAMB's fitted critical batch, with LAMB at the rate the study tuned there (``--phase1-batch`` reruns it
    at another batch, mission/batch.py), and K-FAC's phase 1 ends where it first reaches LAMB's final held-out MLM
    loss: that model goes on, as KAISA claims the same quality for less pretraining time
