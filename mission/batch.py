@@ -31,11 +31,9 @@ class Phase1Recipe:
     tokens: int
     sequences_per_rank: int
     micro_batch: int
-    gas: int
     steps: int
     lr: float
     tuned: bool  # False: the study never tuned LAMB at this batch; the rate is its square-root scaling
-    eval_every: int
 
     def apply(self, config: dict[str, Any], *, ranks: int) -> dict[str, Any]:
         """``config`` with this batch, rate, warmup and length; every other key (``kfac`` included) as given."""
@@ -66,6 +64,10 @@ def phase1_recipe(*, tokens: int, seq: int, ranks: int, steps: int | None = None
     micro = max(m for m in range(1, min(sequences, MAX_MICRO) + 1) if sequences % m == 0)
     steps = steps if steps is not None else max(1, round(TOKEN_BUDGET / tokens))
     lr = TUNED_LR.get(tokens, round(BASE_LR * math.sqrt(tokens / BASE_TOKENS), 6))
-    return Phase1Recipe(tokens=tokens, sequences_per_rank=sequences, micro_batch=micro, gas=sequences // micro,
-                        steps=steps, lr=lr, tuned=tokens in TUNED_LR,
-                        eval_every=max(MIN_EVAL_EVERY, round(steps / EVALS)))
+    return Phase1Recipe(tokens=tokens, sequences_per_rank=sequences, micro_batch=micro, steps=steps, lr=lr,
+                        tuned=tokens in TUNED_LR)
+
+
+def eval_interval(steps: int) -> int:
+    """Steps between held-out evaluations of a ``steps``-long phase 1: about :data:`EVALS` of them, as the study."""
+    return max(MIN_EVAL_EVERY, round(steps / EVALS))

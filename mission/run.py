@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bert_pretrain.intervals import interval_warnings
-from mission.batch import DEFAULT_TOKENS, EVALS, MIN_EVAL_EVERY, TOKEN_BUDGET, phase1_recipe
+from mission.batch import DEFAULT_TOKENS, EVALS, TOKEN_BUDGET, eval_interval, phase1_recipe
 from mission.jobs import REPO
 from mission.report import write_report
 from mission.stages import StageRecord, file_digest
@@ -122,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"{config} has no lr_schedule.total_steps: give --phase1-steps")
         args.phase1_steps = int(schedule["total_steps"])
     if args.eval_every is None:
-        args.eval_every = args.recipe.eval_every if args.recipe else max(MIN_EVAL_EVERY, args.phase1_steps // EVALS)
+        args.eval_every = eval_interval(args.phase1_steps)
     return args
 
 
