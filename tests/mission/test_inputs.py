@@ -324,3 +324,21 @@ def test_no_shipped_config_is_a_byte_copy_of_another_and_the_main_jobs_phase_2_i
     given = mission_run.parse_args(["--config-prefix", "ds_configs/bert_large_bf16"])
     assert [mission_run.phase_config(given, phase=p, suffix="_kfac") for p in (1, 2)] == \
         ["ds_configs/bert_large_bf16_phase1_kfac.json", "ds_configs/bert_large_bf16_phase2_kfac.json"]
+
+
+def test_a_given_phase1_config_without_total_steps_asks_for_phase1_steps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With configs of one's own, phase 1's length is the config's lr_schedule.total_steps; a config without it is
+    refused naming the file and the flag to give, not run at some other length."""
+    config = json.loads((REPO / "ds_configs" / "bert_tiny_mission_phase1.json").read_text())
+    del config["lr_schedule"]["total_steps"]
+    lamb = tmp_path / "lamb.json"
+    lamb.write_text(json.dumps(config))
+    kfac = REPO / "ds_configs" / "bert_tiny_mission_phase1_kfac.json"
+    with pytest.raises(SystemExit):
+        mission_run.parse_args(["--lamb-phase1-config", str(lamb), "--kfac-phase1-config", str(kfac)])
+    err = capsys.readouterr().err
+    assert "lamb.json" in err and "lr_schedule.total_steps" in err and "--phase1-steps" in err
+    args = mission_run.parse_args(["--lamb-phase1-config", str(lamb), "--kfac-phase1-config", str(kfac),
+                                   "--phase1-steps", "40"])
+    assert (args.phase1_steps, args.eval_every) == (40, 5)
