@@ -207,8 +207,8 @@ class KFACPreconditioner:
                 logger.info("K-FAC: decompositions every %d steps (inv_update_steps 'auto': %s statistic rows per "
                             "factor update; decomposition cost timed: %s)", self.inv_update_steps(),
                             self.statistic_rows, "not yet" if outcome.cost_interval is None else
-                            f"{self.timer.seconds.get('decomposition', 0.0):.3g} s a round against "
-                            f"{self.clock.plain_seconds() or 0.0:.3g} s a plain step")
+                            f"{self.clock.round_seconds(rounds=1) or 0.0:.3g} s a round against "
+                            f"{self.clock.plain_seconds() or 0.0:.3g} s a plain step; pin it for exact reruns")
         for kind, sent in outcome.comm_bytes.items():
             self.comm_bytes[kind] = self.comm_bytes.get(kind, 0) + sent
         if outcome.dropped:
@@ -259,8 +259,9 @@ class KFACPreconditioner:
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def diagnostics_snapshot(self) -> dict[str, Any]:
-        """The figures of :meth:`kaisa_ds.diagnostics.Diagnostics.snapshot` (one host sync)."""
-        return self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows, noise=self.noise)
+        """The figures of :meth:`~kaisa_ds.diagnostics.Diagnostics.snapshot` (one host sync), the interval in force."""
+        return {**self.diagnostics.snapshot(self.steps, skipped_windows=self.skipped_windows, noise=self.noise),
+                "inv_update_steps": self.inv_update_steps(), "cost_interval": self.cost_interval}
 
     def memory_usage(self) -> dict[str, int]:
         """Bytes held by factors (with any open window buffer), by decompositions and by the cached

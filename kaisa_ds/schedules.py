@@ -31,6 +31,13 @@ COST_INV_STEPS_CEILING = 200  # the cost rule's longest interval (staleness: the
 # rounds of benchmarks/results/default_overhead.json (2026-12-02) ran ~10% slower than the calibration round, which
 # put the decompositions at 1.67% of a step against a 1.5% budget
 COST_MARGIN = 1.25
+# the rounds the cost rule times before it sets the interval, from their median: one round is one sample, and one
+# that ran fast froze an interval every later round overspent (default_overhead.json, 2026-12-03: 2.19% of a step)
+COST_CALIBRATION_ROUNDS = 3
+# the intervals the cost rule chooses from, rounded up to the next: rounds timed a few percent apart on reruns choose
+# the same interval far more often than an interval to the step would (the rule times wall clock: an integer
+# ``inv_update_steps`` pins it for exact reruns)
+COST_LADDER = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 75, 100, 150, 200)
 _RANGE_TEXT = {
     "damping": "> 0", "relative_damping": "> 0", "factor_decay": "in [0, 1)", "kl_clip": "> 0 (or None to disable)",
     "lr": ">= 0",
@@ -117,8 +124,10 @@ def cost_inv_update_steps(*, decomposition_seconds: float, step_seconds: float, 
                           factor_update_steps: int) -> int:
     """The cost rule of the ``"auto"`` interval: the fewest steps between decompositions for one decomposition
     round (``decomposition_seconds``, planned :data:`COST_MARGIN` slower) to cost at most ``budget`` of the steps in
-    between (``step_seconds`` each), a multiple of ``factor_update_steps``, at most :data:`COST_INV_STEPS_CEILING`."""
+    between (``step_seconds`` each), rounded up to a rung of :data:`COST_LADDER` and to a multiple of
+    ``factor_update_steps``, at most :data:`COST_INV_STEPS_CEILING`."""
     steps = math.ceil(COST_MARGIN * decomposition_seconds / max(budget * step_seconds, 1e-12))
+    steps = next((rung for rung in COST_LADDER if rung >= steps), COST_INV_STEPS_CEILING)
     steps = factor_update_steps * math.ceil(max(steps, 1) / factor_update_steps)
     return max(factor_update_steps, min(steps, COST_INV_STEPS_CEILING))
 

@@ -29,7 +29,7 @@ from kaisa_ds.layers.noise_scale import NoiseScale
 from kaisa_ds.precondition import effectiveness
 from kaisa_ds.precondition.apply import fp32_norms, size_step
 from kaisa_ds.precondition.grouped import GroupedPreconditioner
-from kaisa_ds.schedules import cost_inv_update_steps
+from kaisa_ds.schedules import COST_CALIBRATION_ROUNDS, cost_inv_update_steps
 from kaisa_ds.structure import LayerStructure
 from kaisa_ds.timing import StageTimer, StepClock
 
@@ -87,9 +87,8 @@ class StepOutcome:
 
 
 def reduce_window(p: StepOwner, s: LayerStructure) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor | None]], int]:
-    """All-reduce (average) the window statistics of every factor (waiting on buckets the backward pass
-    started); factors no rank captured are left out. Values are ``(payload, scale)``: see
-    :meth:`~kaisa_ds.factors.factor.KroneckerFactor.window_payload`; then the bytes this rank sent.
+    """All-reduce (average) the window statistics of every factor (waiting on buckets the backward pass started);
+    factors no rank captured are left out. Values: :meth:`~kaisa_ds.factors.factor.KroneckerFactor.window_payload`.
 
     Ranks that captured nothing for a factor send zeros; a per-factor count of contributing ranks
     keeps the average exact, and keeps every rank's bucket layout identical.
@@ -106,12 +105,15 @@ def measure_rows(p: StepOwner, s: LayerStructure) -> int | None:
 
 
 def time_interval(p: StepOwner, s: LayerStructure, decomposition_seconds: float) -> int | None:
-    """The cost rule's interval from this round and the plain steps timed so far, the longest any rank needs (one
-    all-reduce: every rank timed the same steps); None: too few plain steps yet (the rows rule stays for now)."""
+    """The cost rule's interval from the median of the first rounds and the plain steps timed, the longest any rank
+    needs (one all-reduce: ranks time the same steps); None: too few steps or rounds yet (the rows rule stays)."""
     plain = p.clock.plain_seconds()
-    if plain is None:
+    if plain is not None:
+        p.clock.add_round(decomposition_seconds)
+    rounds = p.clock.round_seconds(rounds=COST_CALIBRATION_ROUNDS)
+    if plain is None or rounds is None:
         return None
-    steps = cost_inv_update_steps(decomposition_seconds=decomposition_seconds, step_seconds=plain,
+    steps = cost_inv_update_steps(decomposition_seconds=rounds, step_seconds=plain,
                                   budget=p.config.decomposition_budget,
                                   factor_update_steps=p.config.value("factor_update_steps", p.steps))
     return max_over_ranks(steps, device=s.device)

@@ -48,6 +48,15 @@ class StepClock:
 
     def __init__(self, *, keep: int = 64) -> None:
         self._marks: deque[tuple[float | torch.cuda.Event, bool]] = deque(maxlen=keep)
+        self._rounds: list[float] = []
+
+    def add_round(self, seconds: float) -> None:
+        """A decomposition round's seconds, for the cost rule."""
+        self._rounds.append(seconds)
+
+    def round_seconds(self, *, rounds: int) -> float | None:
+        """The median of the decomposition rounds timed, once ``rounds`` were (None: fewer yet)."""
+        return statistics.median(self._rounds) if len(self._rounds) >= rounds else None
 
     def mark(self, *, plain: bool, device: torch.device) -> None:
         """The start of a step; ``plain``: it decomposes and captures nothing (its interval is a plain step)."""
@@ -59,7 +68,9 @@ class StepClock:
             self._marks.append((time.perf_counter(), plain))
 
     def plain_seconds(self) -> float | None:
-        """The median interval from a plain step's start to the next step's (None: fewer than 3 measured)."""
+        """The steady plain step: the lower quartile of the intervals from a plain step's start to the next step's
+        (None: fewer than 3 measured). A run's first steps and disturbed ones only ever run slower; their median
+        was 10% above the steady step on BERT-mini (tests/kaisa_ds/test_timing.py)."""
         marks = list(self._marks)
         spans = []
         for (start, plain), (end, _) in itertools.pairwise(marks):
@@ -70,7 +81,7 @@ class StepClock:
                 spans.append(start.elapsed_time(end) / 1000.0)
             elif isinstance(start, float) and isinstance(end, float):
                 spans.append(end - start)
-        return statistics.median(spans) if len(spans) >= 3 else None
+        return statistics.quantiles(spans, n=4)[0] if len(spans) >= 3 else None
 
 
 class HostFlag:

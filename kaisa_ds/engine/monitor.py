@@ -16,7 +16,8 @@ def kfac_events(kfac: KFACPreconditioner, samples: int) -> list[tuple[str, float
     events = [(f"Train/KFAC/{stage}_ms", seconds * 1000.0, samples) for stage, seconds in kfac.timings.items()]
     events += [(f"Train/KFAC/{kind}_MB", nbytes / 2**20, samples) for kind, nbytes in kfac.memory_usage().items()]
     diag = kfac.diagnostics_snapshot()
-    for key in ("kl_scale", "damping", "decomposition_age", "skipped_windows", "failed_decompositions"):
+    for key in ("kl_scale", "damping", "decomposition_age", "skipped_windows", "failed_decompositions",
+                "inv_update_steps"):
         if diag[key] is not None:
             events.append((f"Train/KFAC/{key}", float(diag[key]), samples))
     for group, bounds in diag["eigenvalues"].items():

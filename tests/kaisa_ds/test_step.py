@@ -131,40 +131,59 @@ def test_ranks_agree_on_the_rows_of_all_of_them() -> None:
 
 
 @pytest.mark.parametrize(("decomposition", "step", "every"),
-                         [(0.3, 0.1, 200), (0.0015, 0.1, 5), (0.003, 0.1, 5), (0.015, 0.1, 15), (0.1, 0.1, 85)])
+                         [(0.3, 0.1, 200), (0.0015, 0.1, 5), (0.003, 0.1, 5), (0.015, 0.1, 15), (0.1, 0.1, 100),
+                          (0.065, 0.1, 75), (0.072, 0.1, 75), (0.05, 0.1, 50)])
 def test_the_cost_rule_spends_at_most_its_budget_on_decompositions(decomposition: float, step: float,
                                                                    every: int) -> None:
-    """``ceil(1.25 × decomposition / (1.5% of a step))`` steps (a round planned 25% slower than the one timed), a
-    multiple of the factor interval, at most 200."""
+    """``ceil(1.25 × decomposition / (1.5% of a step))`` steps (a round planned 25% slower than the one timed),
+    rounded up to the next rung of a coarse ladder (rounds timed 10% apart, 0.065 and 0.072 s, choose the same
+    interval: reruns on one machine mostly agree), a multiple of the factor interval, at most 200."""
     assert cost_inv_update_steps(decomposition_seconds=decomposition, step_seconds=step, budget=0.015,
                                  factor_update_steps=5) == every
     assert auto_inv_update_steps(rows=8192, factor_update_steps=5, cost=every) == max(10, every)
 
 
-def _slow_decompositions(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Every decomposition round takes at least ``seconds`` (a model whose factors cost far more than its steps)."""
+def _slow_decompositions(monkeypatch: pytest.MonkeyPatch, seconds: float | list[float]) -> None:
+    """Every decomposition round takes at least ``seconds`` (a model whose factors cost far more than its steps); a
+    list: the n-th round takes at least its n-th entry (the last one after that)."""
     import time
 
     from kaisa_ds import step as step_module
 
     real = step_module.update_decompositions
+    sleeps = seconds if isinstance(seconds, list) else [seconds]
+    calls = [0]
 
     def slow(*args: object, **kwargs: object) -> object:
-        time.sleep(seconds)
+        time.sleep(sleeps[min(calls[0], len(sleeps) - 1)])
+        calls[0] += 1
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(step_module, "update_decompositions", slow)
 
 
+def test_one_fast_round_does_not_set_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cost rule timed one round and froze the interval on it: a round that ran fast (a quiet moment, a cache
+    still warm) set a short interval that every later, slower round overspent (benchmarks/results/
+    default_overhead.json, 2026-12-03: 2.19% against a 1.5% budget). It now takes the median of three rounds: the
+    first one here is fast, the next two take 0.2 s against steps of about a millisecond, so the interval is 200."""
+    _slow_decompositions(monkeypatch, [0.0, 0.0, 0.2, 0.2])  # step 0's round is not timed; then 10, 20, 30
+    model = _model()
+    precond = KFACPreconditioner(model, **ROWS_ONLY)  # a fast tiny round alone sets no more than the rows' 10
+    assert decomposition_steps(precond, model, _batches(8192, 45)) == [0, 10, 20, 30]
+    assert precond.cost_interval == 200
+
+
 def test_costly_decompositions_lengthen_the_auto_interval_and_the_timing_survives_a_checkpoint(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decompositions of 0.2 s against steps of about a millisecond: at the second round (step 10) the cost rule
-    sets the longest interval, 200, kept by a resumed run; an integer interval is not timed at all."""
+    """Decompositions of 0.2 s against steps of about a millisecond: after the three rounds it times (steps 10, 20,
+    30) the cost rule sets the longest interval, 200, kept by a resumed run; an integer interval is not timed."""
     _slow_decompositions(monkeypatch, 0.2)
     model = _model()
     precond = KFACPreconditioner(model)
-    assert decomposition_steps(precond, model, _batches(8192, 30)) == [0, 10]
+    assert decomposition_steps(precond, model, _batches(8192, 45)) == [0, 10, 20, 30]
     assert precond.cost_interval == 200 and precond.inv_update_steps() == 200
+    assert precond.diagnostics_snapshot()["inv_update_steps"] == 200  # metrics.jsonl and the monitor say it
     state = precond.state_dict()
     assert state["cost_interval"] == 200
     resumed = KFACPreconditioner(model)
