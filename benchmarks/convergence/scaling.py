@@ -221,6 +221,34 @@ class Study:
             logger.warning("batch %s: LAMB's choice %s: %s", regime.name, best["settings"], edge)
         return {**chosen, "best_record": best}
 
+    def extend_edge(self, regime: Regime, *, most: int = 2) -> dict[str, Any]:
+        """Amendment 4: where LAMB's choice is the grid's smallest or largest rate, one more rate a factor 2 beyond
+        it (tune part, seed 0), up to ``most`` times, until the choice is inside; ``chosen.json`` is rewritten with
+        every rate tried and the choice before (``previous``). The regime is unchanged, so recorded runs are
+        reused."""
+        path = self.results / regime.name / "chosen.json"
+        chosen = json.loads(path.read_text())
+        previous = dict(chosen["lamb"])
+        lrs = sorted(float(lr) for lr in chosen["finals"])
+        records = [{**self.run(lamb_spec(regime, lr=lr, seed=TUNE_SEED, part="tune"), regime), "settings": {"lr": lr}}
+                   for lr in lrs]
+        for _ in range(most):
+            best = analysis.choose(records)
+            lr = best["settings"]["lr"]
+            if lr not in (lrs[0], lrs[-1]):
+                break
+            new_lr = round(lr / 2 if lr == lrs[0] else lr * 2, 6)
+            records.append({**self.run(lamb_spec(regime, lr=new_lr, seed=TUNE_SEED, part="tune"), regime),
+                            "settings": {"lr": new_lr}})
+            lrs = sorted([*lrs, new_lr])
+        best = analysis.choose(records)
+        edges = analysis.grid_edges(best["settings"], [r["settings"] for r in records])
+        chosen.update({"lamb": best["settings"], "edges": edges, "previous": previous,
+                       "finals": {f"{r['settings']['lr']:g}": r["final"] for r in records},
+                       "amendment": "4: the grid extended beyond an edge (docs/studies/batch_scaling.md)"})
+        path.write_text(json.dumps(chosen, indent=1) + "\n")
+        return chosen
+
     def make_plan(self) -> Plan:
         """Tune the smallest batch; the steps to its late target and the noise scale there fix the plan."""
         rule = self.rule

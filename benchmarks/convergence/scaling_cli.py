@@ -3,6 +3,7 @@
     python -m benchmarks.convergence scaling --stage text --text runs/scaling/corpus.txt    # writes the study's text
     python -m benchmarks.convergence scaling --stage plan --text runs/scaling/corpus.txt    # smallest batch, plan.json
     python -m benchmarks.convergence scaling --stage tune --text runs/scaling/corpus.txt    # LAMB's grid per batch
+    python -m benchmarks.convergence scaling --stage edges --text runs/scaling/corpus.txt   # past an edge choice
     python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
     python -m benchmarks.convergence scaling --stage fit                                    # fits, plots, summary
 
@@ -25,7 +26,7 @@ from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, St
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "report", "fit")
+STAGES = ("text", "plan", "tune", "edges", "report", "fit")
 VOCAB_SIZE = 8192
 
 
@@ -119,6 +120,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         regime = rule.regime_for(tokens, steps=plan.steps_at(tokens), model_size=args.model_size)
         if args.stage == "tune":
             done[regime.name] = {k: v for k, v in study.tune(regime).items() if k != "best_record"}
+        elif args.stage == "edges":
+            done[regime.name] = study.extend_edge(regime)
         else:
             records = study.report(regime, seeds=rule.seeds_for(tokens, plan.batches))
             done[regime.name] = {opt: [r["final"] for r in rs] for opt, rs in records.items()}

@@ -166,3 +166,46 @@ def test_quick_stages_end_to_end(tmp_path: Path) -> None:
             got = json.loads(record.read_text())
             assert got["spec"]["eval_part"] == "report" and got["data_tokens"] > 0
     assert (tmp_path / "res" / "scaling.png").stat().st_size > 20_000
+
+
+def _study_with_finals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finals: dict[float, float],
+                       tried: tuple[float, ...]) -> tuple[Any, Any, list[float]]:
+    """A study whose LAMB tune runs end at ``finals[lr]``, with ``tried`` already in its ``chosen.json``; the rates it
+    trains are listed in the third value (a run is a lookup: nothing trains)."""
+    from benchmarks.convergence.scaling import Study
+
+    regime = RULE.regime_for(32768, steps=243)
+    study = Study(parts=None, vocab=tmp_path, work=tmp_path, results=tmp_path, machine={})  # type: ignore[arg-type]
+    ran: list[float] = []
+
+    def fake_run(spec: Any, regime: Any) -> dict[str, Any]:
+        ran.append(spec.lr)
+        return {"spec": {"eval_part": spec.eval_part, "lr": spec.lr}, "final": finals[spec.lr]}
+
+    monkeypatch.setattr(Study, "run", lambda self, spec, regime: fake_run(spec, regime))
+    (tmp_path / regime.name).mkdir(parents=True)
+    chosen = {"lamb": {"lr": min(tried, key=lambda lr: finals[lr])}, "edges": ["..."],
+              "finals": {f"{lr:g}": finals[lr] for lr in tried}}
+    (tmp_path / regime.name / "chosen.json").write_text(json.dumps(chosen))
+    return study, regime, ran
+
+
+def test_a_choice_at_the_grids_edge_extends_the_grid_beyond_it(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """At 32,768 tokens LAMB chose 0.02, the smallest of 0.02 / 0.04 / 0.08: amendment 4 tries 0.01, and 0.005 when
+    0.01 is better still, and stops where the choice is inside the grid."""
+    finals = {0.005: 4.3, 0.01: 4.1, 0.02: 4.35, 0.04: 5.5, 0.08: 5.8}
+    study, regime, ran = _study_with_finals(tmp_path, monkeypatch, finals, (0.02, 0.04, 0.08))
+    chosen = study.extend_edge(regime)
+    assert chosen["lamb"] == {"lr": 0.01} and chosen["previous"] == {"lr": 0.02} and chosen["edges"] == []
+    assert sorted(ran) == [0.005, 0.01, 0.02, 0.04, 0.08]
+    assert json.loads((tmp_path / regime.name / "chosen.json").read_text())["lamb"] == {"lr": 0.01}
+
+
+def test_an_inside_choice_or_a_worse_point_beyond_keeps_the_choice(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    finals = {0.01: 4.5, 0.02: 4.35, 0.04: 5.5, 0.08: 5.8}
+    study, regime, ran = _study_with_finals(tmp_path, monkeypatch, finals, (0.02, 0.04, 0.08))
+    assert study.extend_edge(regime)["lamb"] == {"lr": 0.02} and 0.01 in ran  # tried, worse: 0.02 is inside now
+    study, regime, ran = _study_with_finals(tmp_path / "b", monkeypatch, finals, (0.01, 0.02, 0.04))
+    assert study.extend_edge(regime)["lamb"] == {"lr": 0.02} and sorted(ran) == [0.01, 0.02, 0.04]
