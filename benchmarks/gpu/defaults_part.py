@@ -26,7 +26,7 @@ def run(ctx: Context) -> dict[str, Any]:
             continue
         started = time.monotonic()
         args = argparse.Namespace(size=size, batch=batch, seq=seq, dtype=dtype, optimizer="lamb", lr=1e-3,
-                                  steps=8 if ctx.smoke else 100, warmup_limit=55 if ctx.smoke else 40,
+                                  steps=8 if ctx.smoke else 100, warmup_limit=155 if ctx.smoke else 40,
                                   device=str(ctx.device), threads=None)
         res = measure(args)
         out["cases"].append({"size": size, "batch": batch, "seq": seq, "dtype": dtype, "target": target,
