@@ -209,3 +209,19 @@ def test_an_inside_choice_or_a_worse_point_beyond_keeps_the_choice(tmp_path: Pat
     assert study.extend_edge(regime)["lamb"] == {"lr": 0.02} and 0.01 in ran  # tried, worse: 0.02 is inside now
     study, regime, ran = _study_with_finals(tmp_path / "b", monkeypatch, finals, (0.01, 0.02, 0.04))
     assert study.extend_edge(regime)["lamb"] == {"lr": 0.02} and sorted(ran) == [0.01, 0.02, 0.04]
+
+
+def test_a_moved_choice_leaves_out_the_runs_made_at_the_old_rate(tmp_path: Path) -> None:
+    """K-FAC's report records are named by seed, not rate: once amendment 4 moves a batch's LAMB rate, the fit must
+    not pair LAMB's new rate with K-FAC runs made at the old one."""
+    from benchmarks.convergence.scaling import Recorded, load_plan
+    from benchmarks.convergence.scaling_fit import load_batch
+
+    results = committed_records(tmp_path)
+    recorded = Recorded(results=results, machine={})
+    plan = load_plan(results / "plan.json")
+    assert [len(v) for v in load_batch(recorded, plan, 32768).values()] == [3, 3]
+    chosen = json.loads((results / "b32768" / "chosen.json").read_text())
+    chosen["lamb"] = {"lr": 0.01}
+    (results / "b32768" / "chosen.json").write_text(json.dumps(chosen))
+    assert load_batch(recorded, plan, 32768) == {"lamb": [], "kfac": []}
