@@ -206,10 +206,13 @@ class Study:
     def plateau(self, record: dict[str, Any], part: str) -> float:
         return recorded_plateau(self.results, record, part, examples=self.rule.eval_examples)
 
+    def tune_run(self, regime: Regime, lr: float) -> dict[str, Any]:
+        """LAMB at ``lr`` on the tune part, tuning seed 0, its rate under ``settings`` for the choice."""
+        return {**self.run(lamb_spec(regime, lr=lr, seed=TUNE_SEED, part="tune"), regime), "settings": {"lr": lr}}
+
     def tune(self, regime: Regime) -> dict[str, Any]:
         """LAMB's grid at one batch on the tune part; the lowest final loss chooses (``chosen.json``)."""
-        records = [{**self.run(lamb_spec(regime, lr=lr, seed=TUNE_SEED, part="tune"), regime), "settings": {"lr": lr}}
-                   for lr in regime.lamb_lrs]
+        records = [self.tune_run(regime, lr) for lr in regime.lamb_lrs]
         best = analysis.choose(records)
         edges = analysis.grid_edges(best["settings"], [r["settings"] for r in records])
         chosen = {"regime": asdict(regime), "lamb": best["settings"], "edges": edges,
@@ -230,16 +233,14 @@ class Study:
         chosen = json.loads(path.read_text())
         previous = dict(chosen["lamb"])
         lrs = sorted(float(lr) for lr in chosen["finals"])
-        records = [{**self.run(lamb_spec(regime, lr=lr, seed=TUNE_SEED, part="tune"), regime), "settings": {"lr": lr}}
-                   for lr in lrs]
+        records = [self.tune_run(regime, lr) for lr in lrs]
         for _ in range(most):
             best = analysis.choose(records)
             lr = best["settings"]["lr"]
             if lr not in (lrs[0], lrs[-1]):
                 break
             new_lr = round(lr / 2 if lr == lrs[0] else lr * 2, 6)
-            records.append({**self.run(lamb_spec(regime, lr=new_lr, seed=TUNE_SEED, part="tune"), regime),
-                            "settings": {"lr": new_lr}})
+            records.append(self.tune_run(regime, new_lr))
             lrs = sorted([*lrs, new_lr])
         best = analysis.choose(records)
         edges = analysis.grid_edges(best["settings"], [r["settings"] for r in records])
