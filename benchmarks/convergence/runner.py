@@ -248,7 +248,8 @@ def run(spec: RunSpec, regime: Regime, parts: Parts, *, vocab: Path, work: Path,
               "train_curve": asdict(training_curve(rows, at=curve.steps)),
               **({"train_eval_curve": asdict(heldout_curve(rows, column="heldout_train_mlm_loss"))}
                  if also_on_train else {}),
-              "noise_curve": noise_curve(rows), "data_tokens": data_tokens(folder / "run" / "summary.json"),
+              "noise_curve": noise_curve(rows), "kfac_interval": kfac_interval(rows),
+              "data_tokens": data_tokens(folder / "run" / "summary.json"),
               "train_seconds": float(rows[-1]["elapsed_s"]) if rows else None, "wall_seconds": round(wall, 1),
               "eval_cache": str(cache), "command": ["deepspeed", "--num_gpus", str(regime.ranks), "--module",
                                                    "bert_pretrain", *args], "machine": machine}
@@ -266,6 +267,14 @@ def noise_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
             steps.append(float(r["step"]))
             values.append(float(noise["b_simple"]))
     return {"steps": steps, "values": values}
+
+
+def kfac_interval(rows: list[dict[str, Any]]) -> int | None:
+    """The decomposition interval in force at a K-FAC run's end (the ``"auto"`` cost rule's choice, which reads the
+    wall clock, so two runs of one spec may differ in it); None for LAMB."""
+    intervals = [(r.get("kfac") or {}).get("inv_update_steps") for r in rows]
+    known = [int(i) for i in intervals if i is not None]
+    return known[-1] if known else None
 
 
 def data_tokens(summary: Path) -> int | None:

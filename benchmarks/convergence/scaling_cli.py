@@ -6,6 +6,7 @@
     python -m benchmarks.convergence scaling --stage edges --text runs/scaling/corpus.txt   # past an edge choice
     python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
     python -m benchmarks.convergence scaling --stage fit                                    # fits, plots, summary
+    python -m benchmarks.convergence scaling --stage probe --text ... --batches 8192 --kfac-lr-scale 0.5  # a cause
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -21,12 +22,13 @@ from typing import Any
 
 from tqdm import tqdm
 
+from benchmarks.convergence.defaults import kfac_setting
 from benchmarks.convergence.parts import Parts, write_parts
 from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, Study, load_plan, write_text
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "edges", "report", "fit")
+STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe")
 VOCAB_SIZE = 8192
 
 
@@ -45,6 +47,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--results", type=Path,
                    help="records and plots (default: benchmarks/results/convergence/scaling[_mini])")
     c.add_argument("--quick", action="store_true", help="toy scale (the smoke test's); records go to runs/")
+    c.add_argument("--kfac-lr-scale", type=float, default=1.0,
+                   help="--stage probe: K-FAC's rate over LAMB's chosen one (%(default)s)")
+    c.add_argument("--kfac-set", metavar="KEY=VALUE", nargs="+", default=[], type=kfac_setting,
+                   help="--stage probe: kfac-section keys to set (e.g. inv_update_steps=10)")
 
 
 def study_vocab(parts: Parts, folder: Path, *, size: int) -> Path:
@@ -122,6 +128,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             done[regime.name] = {k: v for k, v in study.tune(regime).items() if k != "best_record"}
         elif args.stage == "edges":
             done[regime.name] = study.extend_edge(regime)
+        elif args.stage == "probe":  # a diagnostic (amendment 6), beside LAMB's tune runs; never a choice
+            from benchmarks.convergence.scaling_probe import probe
+
+            done[regime.name] = probe(study, regime, lr_scale=args.kfac_lr_scale, kfac=dict(args.kfac_set))
         else:
             records = study.report(regime, seeds=rule.seeds_for(tokens, plan.batches))
             done[regime.name] = {opt: [r["final"] for r in rs] for opt, rs in records.items()}

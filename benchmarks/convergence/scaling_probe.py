@@ -1,0 +1,45 @@
+"""A diagnostic of the scaling study (docs/studies/batch_scaling.md, amendment 6): K-FAC's defaults at a batch, on the
+tune part and the tuning seed, at LAMB's chosen rate times a factor and with kfac keys set, to find *why* K-FAC does
+what the report shows. It is never a choice: no report figure, fit or default reads these runs.
+
+Each run is recorded beside LAMB's grid (``b<tokens>/tune/kfac_defaults_<what it changed>.json``) and compared there
+with LAMB's tune runs on the same data and seed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, Regime
+from benchmarks.convergence.runner import TUNE_SEED, RunSpec
+from benchmarks.convergence.scaling import Study
+
+
+def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
+    """The record's name: what the probe changed from ``{"enabled": true}`` at LAMB's rate."""
+    changes = [f"lrx{lr_scale:g}"] if lr_scale != 1.0 else []
+    changes += [f"{key}{value}" for key, value in sorted(kfac.items())]
+    return "kfac_defaults" + "".join(f"_{c}" for c in changes)
+
+
+def probe_spec(regime: Regime, *, lamb_lr: float, lr_scale: float, kfac: dict[str, Any]) -> RunSpec:
+    """K-FAC with only ``kfac``'s keys set, at ``lamb_lr × lr_scale``, on the tune part with the tuning seed."""
+    return RunSpec(name=probe_name(lr_scale=lr_scale, kfac=kfac), regime=regime.name, optimizer=LIBRARY_DEFAULTS,
+                   lr=round(lamb_lr * lr_scale, 9), warmup=regime.warmups[0], steps=regime.steps, seed=TUNE_SEED,
+                   eval_part="tune", kfac=dict(kfac))
+
+
+def probe(study: Study, regime: Regime, *, lr_scale: float = 1.0, kfac: dict[str, Any] | None = None,
+          ) -> dict[str, Any]:
+    """Run (or reuse) one probe and set it beside LAMB's tune runs at the batch: their finals, same data, same seed."""
+    if lr_scale <= 0:
+        raise SystemExit(f"--kfac-lr-scale {lr_scale}: a rate factor must be positive")
+    path = study.results / regime.name / "chosen.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: the probe runs at LAMB's chosen rate; run --stage tune for this batch")
+    chosen = json.loads(path.read_text())
+    lamb_lr = float(chosen["lamb"]["lr"])
+    record = study.run(probe_spec(regime, lamb_lr=lamb_lr, lr_scale=lr_scale, kfac=kfac or {}), regime)
+    return {"probe": record["spec"]["name"], "lr": record["spec"]["lr"], "final": record["final"],
+            "kfac_interval": record.get("kfac_interval"), "lamb_lr": lamb_lr, "lamb_finals": chosen["finals"]}
