@@ -11,6 +11,14 @@ from benchmarks.convergence.scaling_fit import OPTIMIZERS, mean_or_none
 COLOURS = {"lamb": "tab:blue", "kfac": "tab:red"}
 LABELS = {"lamb": "LAMB (tuned per batch)", "kfac": 'K-FAC ({"enabled": true}, LAMB\'s lr)'}
 STYLES = ("o-", "s--")  # early target, late target
+MISSED = ("x", "+")  # the same targets, where a seed never reached them within its run
+
+
+def not_reached(per_batch: dict[int, dict[str, Any]], opt: str, key: str) -> list[int]:
+    """The batches at which a run of ``opt`` never reached the target ``key``: a mean would hide them, so the plot
+    marks them on the axis' top edge instead of leaving a gap a reader takes for a missing run."""
+    return [b for b in sorted(per_batch) if per_batch[b]["runs"][opt]
+            and any(r["targets"][key]["step"] is None for r in per_batch[b]["runs"][opt])]
 
 
 def plot_scaling(summary: dict[str, Any], *, out: Path) -> None:
@@ -34,6 +42,11 @@ def plot_scaling(summary: dict[str, Any], *, out: Path) -> None:
                         ys.append(value)
                 if xs:
                     ax.plot(xs, ys, style, color=COLOURS[opt], label=f"{LABELS[opt]}, loss {target:.2f}")
+                missed = not_reached(per_batch, opt, key)
+                if missed:
+                    ax.scatter(missed, [0.97] * len(missed), marker=MISSED[STYLES.index(style)], s=60,
+                               color=COLOURS[opt], transform=ax.get_xaxis_transform(), clip_on=False,
+                               label=f"{LABELS[opt]}: a seed never reached {target:.2f}")
             fit = summary["fits"][opt][key]
             if fit["s_min"] is not None and fit["b_crit_tokens"] is not None and fit["b_crit_tokens"] > 0:
                 curve = [fit["s_min"] * (1 + fit["b_crit_tokens"] / b) for b in batches]

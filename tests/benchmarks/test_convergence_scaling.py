@@ -113,6 +113,19 @@ def test_the_plot_draws_every_batch_from_a_summary(tmp_path: Path) -> None:
     assert out.stat().st_size > 20_000
 
 
+def test_the_plot_marks_a_batch_where_a_seed_never_reached_the_target() -> None:
+    from benchmarks.convergence.scaling_plots import not_reached
+
+    def run(step: float | None) -> dict[str, Any]:
+        return {"targets": {"4.8588": {"step": step, "seconds": None if step is None else 2 * step}}}
+
+    per_batch = {2048: {"runs": {"kfac": [run(400.0), run(420.0)], "lamb": [run(500.0)]}},
+                 8192: {"runs": {"kfac": [run(None), run(150.0)], "lamb": [run(240.0)]}},
+                 32768: {"runs": {"kfac": [], "lamb": [run(170.0)]}}}  # not run yet: no mark
+    assert not_reached(per_batch, "kfac", "4.8588") == [8192]
+    assert not_reached(per_batch, "lamb", "4.8588") == []
+
+
 def committed_records(tmp_path: Path) -> Path:
     """The study's committed records, where their data caches (runs/scaling/data, a work folder) do not exist."""
     copy = tmp_path / "scaling"
