@@ -106,6 +106,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                             model_size=args.model_size)
         plan = load_plan(recorded.results / "plan.json")
         return fit_study(recorded, plan, batches=chosen_batches(plan, args))
+    if args.stage != "probe" and (args.kfac_lr_scale != 1.0 or args.kfac_set):
+        raise SystemExit(f"--kfac-lr-scale / --kfac-set: only --stage probe reads them (--stage {args.stage} runs "
+                         "K-FAC's defaults at LAMB's rate, as the rule says)")
     study = study_of(args)
     rule: Rule = study.rule
     plan_path = study.results / "plan.json"

@@ -8,12 +8,13 @@ with LAMB's tune runs on the same data and seed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
-from benchmarks.convergence.regimes import LIBRARY_DEFAULTS, Regime
+from benchmarks.convergence.regimes import Regime
 from benchmarks.convergence.runner import TUNE_SEED, RunSpec
-from benchmarks.convergence.scaling import Study
+from benchmarks.convergence.scaling import Study, kfac_spec
 
 
 def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
@@ -25,9 +26,9 @@ def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
 
 def probe_spec(regime: Regime, *, lamb_lr: float, lr_scale: float, kfac: dict[str, Any]) -> RunSpec:
     """K-FAC with only ``kfac``'s keys set, at ``lamb_lr × lr_scale``, on the tune part with the tuning seed."""
-    return RunSpec(name=probe_name(lr_scale=lr_scale, kfac=kfac), regime=regime.name, optimizer=LIBRARY_DEFAULTS,
-                   lr=round(lamb_lr * lr_scale, 9), warmup=regime.warmups[0], steps=regime.steps, seed=TUNE_SEED,
-                   eval_part="tune", kfac=dict(kfac))
+    report_twin = kfac_spec(regime, lr=round(lamb_lr * lr_scale, 9), seed=TUNE_SEED)
+    return dataclasses.replace(report_twin, name=probe_name(lr_scale=lr_scale, kfac=kfac), eval_part="tune",
+                               kfac=dict(kfac))
 
 
 def probe(study: Study, regime: Regime, *, lr_scale: float = 1.0, kfac: dict[str, Any] | None = None,

@@ -59,3 +59,10 @@ def test_a_record_keeps_the_interval_in_force_at_the_end_and_none_for_lamb() -> 
     rows = [{"step": 1, "kfac": {"inv_update_steps": 10}}, {"step": 2}, {"step": 3, "kfac": {"inv_update_steps": 30}}]
     assert kfac_interval(rows) == 30
     assert kfac_interval([{"step": 1, "loss": 5.0}]) is None
+
+
+def test_the_probes_options_on_another_stage_are_refused_not_ignored(tmp_path: Path) -> None:
+    from benchmarks.convergence.cli import main
+
+    with pytest.raises(SystemExit, match=r"--kfac-lr-scale / --kfac-set: only --stage probe.*--stage report"):
+        main(["scaling", "--stage", "report", "--text", str(tmp_path / "absent.txt"), "--kfac-lr-scale", "0.5"])
