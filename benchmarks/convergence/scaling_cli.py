@@ -7,6 +7,7 @@
     python -m benchmarks.convergence scaling --stage report --text runs/scaling/corpus.txt  # LAMB and K-FAC per seed
     python -m benchmarks.convergence scaling --stage fit                                    # fits, plots, summary
     python -m benchmarks.convergence scaling --stage probe --text ... --batches 8192 --kfac-lr-scale 0.5  # a cause
+    python -m benchmarks.convergence scaling --stage rate   # amendment 7's rate factor from both models' probes
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -28,7 +29,7 @@ from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, St
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe")
+STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate")
 VOCAB_SIZE = 8192
 
 
@@ -94,6 +95,26 @@ def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
     return wanted
 
 
+def rate_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """Amendment 7: the rate factor from both models' tune-part probes; writes scaling_rate.json and .png."""
+    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell, plot_rate, rate_study
+
+    if args.quick or args.kfac_lr_scale != 1.0 or args.kfac_set:
+        raise SystemExit("--stage rate reads both models' recorded probes (scaling/ and scaling_mini/ under --results,"
+                         " default benchmarks/results/convergence); it takes only --batches and --results")
+    root = args.results or REPO / "benchmarks" / "results" / "convergence"
+    cells = [Cell(model_size=model, tokens=tokens, results=root / f"scaling{'' if model == 'tiny' else '_' + model}")
+             for model in ("tiny", "mini") for tokens in (args.batches or CELL_BATCHES)]
+    result = {**rate_study(cells), "machine": machine()}
+    path = root / "scaling_rate.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    plot = plot_rate(result, root / "scaling_rate.png")
+    means = ", ".join(f"c={c}: {gap:+.3f}" for c, gap in result["mean_gap"].items())
+    print(f"mean gap to LAMB's final over {len(cells)} cells: {means}\nthe rule chooses c = {result['choice']:g}"
+          f"\nwrote {path} and {plot}")
+    return result
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.stage == "text":
         path = write_text(QUICK if args.quick else RULE, args.text)
@@ -106,6 +127,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
                             model_size=args.model_size)
         plan = load_plan(recorded.results / "plan.json")
         return fit_study(recorded, plan, batches=chosen_batches(plan, args))
+    if args.stage == "rate":  # the records alone, of both models
+        return rate_stage(args)
     if args.stage != "probe" and (args.kfac_lr_scale != 1.0 or args.kfac_set):
         raise SystemExit(f"--kfac-lr-scale / --kfac-set: only --stage probe reads them (--stage {args.stage} runs "
                          "K-FAC's defaults at LAMB's rate, as the rule says)")
