@@ -43,6 +43,7 @@ from kaisa_ds.engine.fp16_fix import apply_fp16_fix, needs_fp16_fix
 from kaisa_ds.engine.grad_access import EngineGradAccessor, engine_loss_scale, engine_skips_step
 from kaisa_ds.engine.launch import skip_cpu_shm_build
 from kaisa_ds.engine.monitor import report
+from kaisa_ds.engine.rate_scale import DEFAULT_LR_SCALE, scale_optimizer_rate
 from kaisa_ds.optim.select import is_lamb_config, lamb_from_ds_config
 from kaisa_ds.preconditioner import KFACPreconditioner
 
@@ -126,7 +127,7 @@ def finish_engine(engine: Any, section: KFACSection, *, present: bool) -> KFACPr
     engine.kfac = None
     if section.enabled:
         assert section.config is not None
-        engine.kfac = attach_kfac(engine, section.config, auto_step=section.auto_step)
+        engine.kfac = attach_kfac(engine, section.config, auto_step=section.auto_step, lr_scale=section.lr_scale)
     else:
         why = "its \"kfac\" section has \"enabled\": false" if present else "it has no \"kfac\" section"
         logger.warning("kaisa_ds: K-FAC is OFF: the DeepSpeed config given to this engine has no enabled K-FAC "
@@ -135,8 +136,10 @@ def finish_engine(engine: Any, section: KFACSection, *, present: bool) -> KFACPr
     return engine.kfac  # type: ignore[no-any-return]
 
 
-def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPreconditioner:
-    """Build the preconditioner for a DeepSpeed engine; with ``auto_step`` it runs inside ``engine.step``."""
+def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True,
+                lr_scale: float = DEFAULT_LR_SCALE) -> KFACPreconditioner:
+    """Build the preconditioner for a DeepSpeed engine; with ``auto_step`` it runs inside ``engine.step``. The
+    optimizer steps at ``lr_scale`` × its scheduled rate, and the KL clip assumes that rate."""
     previous = getattr(engine.module, KFAC_OF_MODULE, None)
     if previous is not None:  # a second engine on the same model (the Trainer's auto_find_batch_size retry)
         previous.remove_hooks()
@@ -144,11 +147,12 @@ def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True) -> KFACPrec
     kfac = KFACPreconditioner(
         engine.module, config=config, grad_accessor=EngineGradAccessor(zero_stage=engine.zero_optimization_stage()),
         loss_scale=lambda: engine_loss_scale(engine) * float(getattr(engine, LOSS_FACTOR, 1.0)),
-        lr=lambda step: float(engine.get_lr()[0]),
+        lr=lambda step: float(engine.get_lr()[0]) * lr_scale,
         accumulation_steps=int(engine.gradient_accumulation_steps()))  # the last pass starts factor reductions
     object.__setattr__(engine.module, KFAC_OF_MODULE, kfac)  # a plain attribute: not a submodule or state
     wrap_checkpointing(engine, kfac)
     wrap_step(engine, kfac, auto_step=auto_step)
+    scale_optimizer_rate(getattr(engine, "basic_optimizer", None), lr_scale)
     logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s)",
                 len(kfac.layers), kfac.world, kfac.grad_workers, auto_step)
     return kfac

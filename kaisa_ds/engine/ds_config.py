@@ -14,13 +14,14 @@ from typing import Any
 import torch
 
 from kaisa_ds.config import KFACConfig
+from kaisa_ds.engine.rate_scale import DEFAULT_LR_SCALE, check_lr_scale
 from kaisa_ds.enums import Grafting
 from kaisa_ds.optim.poly_warmup import PolyWarmUpScheduler
 from kaisa_ds.optim.select import is_lamb_config
 
 logger = logging.getLogger(__name__)
 
-ENGINE_KEYS = {"enabled", "auto_step"}  # keys of the kfac section that belong to the engine integration
+ENGINE_KEYS = {"enabled", "auto_step", "lr_scale"}  # kfac keys the engine integration reads
 SET_BY_ENGINE = {  # KFACConfig fields the engine supplies; a config value would be silently overridden
     "lr": "follows the engine's current learning rate (optimizer and scheduler sections)",
     "loss_scale": "follows the engine's loss scale (fp16 section)",
@@ -29,11 +30,13 @@ SET_BY_ENGINE = {  # KFACConfig fields the engine supplies; a config value would
 
 @dataclass
 class KFACSection:
-    """The parsed ``kfac`` section: whether K-FAC is on, whether ``engine.step`` runs it, and its options."""
+    """The parsed ``kfac`` section: whether K-FAC is on, whether ``engine.step`` runs it, the factor on the
+    optimizer's rate while it does (:mod:`kaisa_ds.engine.rate_scale`), and its options."""
 
     enabled: bool
     auto_step: bool
     config: KFACConfig | None
+    lr_scale: float = DEFAULT_LR_SCALE
 
 
 def load_config(config: dict[str, Any] | str | Path | None, args: Any = None) -> dict[str, Any]:
@@ -92,8 +95,10 @@ def parse_kfac_section(config: dict[str, Any]) -> KFACSection:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(f"kfac: unknown key(s) {', '.join('kfac.' + k for k in unknown)}; allowed keys: {allowed}")
+    lr_scale = check_lr_scale(section.get("lr_scale", DEFAULT_LR_SCALE))
     kfac_config = KFACConfig.from_dict(options)
-    return KFACSection(enabled=enabled, auto_step=auto_step, config=kfac_config if enabled else None)
+    return KFACSection(enabled=enabled, auto_step=auto_step, config=kfac_config if enabled else None,
+                       lr_scale=lr_scale)
 
 
 def zero_stage(config: dict[str, Any]) -> int:

@@ -27,6 +27,7 @@ BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1}
     ({"kfac": {"damping": 0}}, r"kfac\.damping=0(\.0)? .*allowed: > 0"),
     ({"kfac": {"inv_update_steps": {"initial": 10, "milestones": [5], "factr": 0.5}}}, r"kfac\.inv_update_steps"),
     ({"zero_optimization": {"stage": 1}, "optimizer": {"type": "Lamb", "params": {"lr": 0.1}}}, "trust ratio"),
+    ({"kfac": {"lr_scale": 0}}, r"kfac\.lr_scale=0 .*a number > 0"),
 ])
 def test_initialize_refuses_at_start_up(extra: dict, message: str) -> None:
     model = TinyMLP()
@@ -220,6 +221,23 @@ def _engine_glue(rank: int, world: int) -> dict[str, Any]:
     engine.backward(F.mse_loss(engine(x), y))
     engine.step()
     out["g_autocast"] = engine.kfac.layers["fc1"].g_factor.clone()
+    # kfac.lr_scale: the same first step at half the rate, the scheduler's rate reported unscaled, the KL clip's
+    # rate scaled (a warm-up scheduler that DeepSpeed steps after the optimizer)
+    warm = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.1, "warmup_max_lr": 0.2, "warmup_num_steps": 4,
+                                          "warmup_type": "linear"}}
+    for scale in (1.0, 0.5):
+        torch.manual_seed(0)
+        model = TinyMLP()
+        before = model.fc1.weight.detach().clone()
+        rated = {**cfg, "scheduler": warm, "kfac": {"damping": 0.01, "lr_scale": scale}}
+        engine, *_ = kaisa_ds.initialize(model=model, model_parameters=model.parameters(), config=rated)
+        lr_before = engine.get_lr()[0]
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()
+        moved = (model.fc1.weight.detach() - before).norm().item()
+        engine.backward(F.mse_loss(engine(x), y))
+        engine.step()  # DeepSpeed's WarmupLR leaves its minimum on the second step
+        out[f"rate_{scale:g}"] = (moved, lr_before, engine.get_lr()[0], engine.kfac.config.value("lr", 0))
     # an inf only in a layer K-FAC skips: the GradScaler (ZeRO-0 on the engine, ZeRO-1 on the optimizer) skips the
     # step, and K-FAC must drop its window too
     for stage, by_hand in ((0, False), (1, False), (0, True)):
@@ -245,6 +263,14 @@ def glue() -> dict[str, Any]:
     from tests.support.launch import run_distributed
 
     return run_distributed(_engine_glue, 1)[0]  # type: ignore[no-any-return]
+
+
+def test_lr_scale_steps_the_optimizer_at_a_factor_of_the_scheduled_rate(glue: dict[str, Any]) -> None:
+    moved, lr_before, lr_after, clip_lr = glue["rate_0.5"]
+    plain_moved, plain_before, plain_after, plain_clip_lr = glue["rate_1"]
+    assert moved == pytest.approx(0.5 * plain_moved, rel=1e-5)  # the same preconditioned gradient, half the rate
+    assert (lr_before, lr_after) == (plain_before, plain_after) and lr_after > lr_before  # the scheduler unscaled
+    assert clip_lr == pytest.approx(0.5 * plain_clip_lr)
 
 
 def test_checkpoint_wrappers_keep_deepspeeds_signature(glue: dict[str, Any]) -> None:
