@@ -66,3 +66,21 @@ def test_the_rate_stage_takes_no_probe_options(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit, match=r"--stage rate reads both models' recorded probes"):
         main(["scaling", "--stage", "rate", "--results", str(tmp_path), "--kfac-lr-scale", "0.5"])
+
+
+def test_the_rate_stage_reproduces_the_committed_choice_from_the_records_alone(tmp_path: Path) -> None:
+    from benchmarks.convergence.cli import main
+
+    convergence = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "convergence"
+    committed = json.loads((convergence / "scaling_rate.json").read_text())
+    for study in ("scaling", "scaling_mini"):
+        for chosen in (convergence / study).glob("b*/chosen.json"):
+            folder = tmp_path / study / chosen.parent.name
+            (folder / "tune").mkdir(parents=True)
+            (folder / "chosen.json").write_text(chosen.read_text())
+            for probe in (chosen.parent / "tune").glob("kfac_defaults*.json"):
+                (folder / "tune" / probe.name).write_text(probe.read_text())
+    result = main(["scaling", "--stage", "rate", "--results", str(tmp_path)])
+    assert result["choice"] == committed["choice"] and result["mean_gap"] == committed["mean_gap"]
+    assert result["cells"] == committed["cells"]
+    assert (tmp_path / "scaling_rate.png").stat().st_size > 10_000
