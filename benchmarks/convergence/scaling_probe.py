@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 from typing import Any
 
 from benchmarks.convergence.regimes import Regime
@@ -24,6 +25,14 @@ def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
     return "kfac_defaults" + "".join(f"_{c}" for c in changes)
 
 
+def read_chosen(folder: Path, *, run_tune: str) -> dict[str, Any]:
+    """LAMB's choice at a batch (``chosen.json``: its rate and the tune grid's finals), which probes run against."""
+    path = folder / "chosen.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: probes run at LAMB's chosen rate; run {run_tune}")
+    return json.loads(path.read_text())  # type: ignore[no-any-return]
+
+
 def probe_spec(regime: Regime, *, lamb_lr: float, lr_scale: float, kfac: dict[str, Any]) -> RunSpec:
     """K-FAC with only ``kfac``'s keys set, at ``lamb_lr × lr_scale``, on the tune part with the tuning seed."""
     report_twin = kfac_spec(regime, lr=round(lamb_lr * lr_scale, 9), seed=TUNE_SEED)
@@ -36,10 +45,7 @@ def probe(study: Study, regime: Regime, *, lr_scale: float = 1.0, kfac: dict[str
     """Run (or reuse) one probe and set it beside LAMB's tune runs at the batch: their finals, same data, same seed."""
     if lr_scale <= 0:
         raise SystemExit(f"--kfac-lr-scale {lr_scale}: a rate factor must be positive")
-    path = study.results / regime.name / "chosen.json"
-    if not path.is_file():
-        raise SystemExit(f"{path} is missing: the probe runs at LAMB's chosen rate; run --stage tune for this batch")
-    chosen = json.loads(path.read_text())
+    chosen = read_chosen(study.results / regime.name, run_tune="--stage tune for this batch")
     lamb_lr = float(chosen["lamb"]["lr"])
     record = study.run(probe_spec(regime, lamb_lr=lamb_lr, lr_scale=lr_scale, kfac=kfac or {}), regime)
     return {"probe": record["spec"]["name"], "lr": record["spec"]["lr"], "final": record["final"],

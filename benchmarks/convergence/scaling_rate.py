@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.convergence.scaling_probe import probe_name
+from benchmarks.convergence.scaling_probe import probe_name, read_chosen
 
 FACTORS = (0.25, 0.5, 1.0)
 CELL_BATCHES = (2048, 8192, 32768)
@@ -41,14 +41,12 @@ class Cell:
 
 def lamb_chosen(cell: Cell) -> tuple[float, float]:
     """LAMB's chosen rate at the cell and its final on the tune part."""
-    path = cell.results / f"b{cell.tokens}" / "chosen.json"
-    if not path.is_file():
-        raise SystemExit(f"{path} is missing: run --stage tune --model-size {cell.model_size} --batches {cell.tokens}")
-    chosen = json.loads(path.read_text())
+    folder = cell.results / f"b{cell.tokens}"
+    chosen = read_chosen(folder, run_tune=f"--stage tune --model-size {cell.model_size} --batches {cell.tokens}")
     lr = float(chosen["lamb"]["lr"])
     finals = {float(k): float(v) for k, v in chosen["finals"].items()}
     if lr not in finals:
-        raise SystemExit(f"{path}: LAMB's chosen rate {lr} has no final in 'finals' {sorted(finals)}")
+        raise SystemExit(f"{folder / 'chosen.json'}: LAMB's chosen rate {lr} has no final in 'finals' {sorted(finals)}")
     return lr, finals[lr]
 
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger(__name__)
-# K-FAC's default rate over the optimizer's: today's 1 until amendment 7's rule (docs/studies/batch_scaling.md) and
-# its report pairs say otherwise
+# K-FAC's default rate over the optimizer's: amendment 7's rule over both models' tune cells kept 1
+# (docs/studies/batch_scaling.md, Part 4; a smaller factor moved K-FAC along LAMB's curve, not below it)
 DEFAULT_LR_SCALE = 1.0
 SCALED = "_kaisa_ds_lr_scale"  # optimizer attribute: the factor already wrapped into its step
 
