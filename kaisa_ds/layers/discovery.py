@@ -50,7 +50,7 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
     """The K-FAC layers of ``model`` and the coverage they give (every module with trainable parameters, its verdict).
 
     A weight shared by several modules (BERT's MLM decoder tied to the word embeddings) is preconditioned by none
-    of them, with a warning: its gradient sums every sharer's contribution while a layer's factors describe one
+    of them, with a warning, also where ``skip_layers`` skips one of them: its gradient sums every sharer's contribution while a layer's factors describe one
     module's inputs and outputs (the embedding's A is zero for tokens absent from the batch, which the decoder
     still gives a gradient), so it is left to the optimizer alone, as KAISA's BERT recipe and kfac-pytorch leave
     embeddings. ValueError naming the module types found when no module can be preconditioned.
@@ -58,7 +58,10 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
     named = list(model.named_modules())
     params = own_trainable(named)
     candidates: list[tuple[str, ModuleHelper]] = []
-    sharers: dict[int, list[str]] = {}
+    holders: dict[int, list[str]] = {}  # parameter -> every module holding it, skipped or unsupported ones too
+    for name, module in named:
+        for param in module.parameters(recurse=False):
+            holders.setdefault(id(param), []).append(name)
     verdicts: dict[str, tuple[Verdict, str]] = {}
     for name, module in named:
         helper = helper_for(module, max_factor_dim=config.max_factor_dim)
@@ -72,14 +75,13 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
             verdicts[name] = (Verdict.VECTORS, "its weight is frozen")
         else:
             candidates.append((name, helper))
-            sharers.setdefault(id(helper.weight), []).append(name)
             verdicts[name] = (Verdict.PRECONDITIONED, _factor_note(helper, config.max_factor_dim))
-    for names in sharers.values():
-        if len(names) > 1:
-            logger.warning("K-FAC: skipping %s: they share one weight, whose gradient no single module's factors "
-                           "describe (untie the weights to precondition them)", ", ".join(names))
-            verdicts.update({n: (Verdict.TIED, "shares its weight with " + ", ".join(o for o in names if o != n))
-                             for n in names})
+    tied = {id(h.weight): holders[id(h.weight)] for _, h in candidates if len(holders[id(h.weight)]) > 1}
+    for names in tied.values():
+        logger.warning("K-FAC: skipping %s: they share one weight, whose gradient no single module's factors "
+                       "describe (untie the weights to precondition them)", ", ".join(names))
+        verdicts.update({n: (Verdict.TIED, "shares its weight with " + ", ".join(o for o in names if o != n))
+                         for n in names if verdicts[n][0] is Verdict.PRECONDITIONED})
     coverage = Coverage([ModuleCoverage(name, type(module).__name__, kind_of(module), params[name],
                                         *verdicts[name]) for name, module in named if params[name] or
                          verdicts[name][0] is Verdict.TIED])
@@ -87,7 +89,7 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
     scale_g = config.loss_reduction is LossReduction.MEAN
     dtype = config.storage_dtype
     for name, helper in candidates:
-        if len(sharers[id(helper.weight)]) > 1:
+        if id(helper.weight) in tied:
             continue
         a = KroneckerFactor(f"{name}.A", helper.a_dim, diagonal=helper.diagonal_a, storage_dtype=dtype,
                             scale_by_passes=False)

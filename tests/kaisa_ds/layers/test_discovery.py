@@ -41,3 +41,14 @@ def test_untied_embeddings_and_decoders_are_preconditioned() -> None:
     model = TiedLM()
     model.decoder.weight = nn.Parameter(model.emb.weight.detach().clone())
     assert sorted(discover_layers(model, KFACConfig())) == ["decoder", "emb", "hidden"]
+
+
+@pytest.mark.parametrize("skipped", ["emb", "decoder"])
+def test_skipping_one_sharer_leaves_the_other_to_the_optimizer(skipped: str) -> None:
+    """``skip_layers: ["embeddings"]`` on BERT skips the word embeddings but not the MLM decoder tied to them. The
+    weight is still shared, so its gradient still sums both modules' contributions, and the decoder must not be
+    preconditioned with its own factors alone. Before, sharers were counted among the unskipped modules only: the
+    decoder became a K-FAC layer (on BERT-mini with an 8,192-token vocabulary, a dense 8,192² G that took 70 s to
+    decompose, on a gradient its factors do not describe)."""
+    layers = discover_layers(TiedLM(), KFACConfig(skip_layers=[skipped]))
+    assert sorted(layers) == ["hidden"]
