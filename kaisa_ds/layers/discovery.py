@@ -50,10 +50,11 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
     """The K-FAC layers of ``model`` and the coverage they give (every module with trainable parameters, its verdict).
 
     A weight shared by several modules (BERT's MLM decoder tied to the word embeddings) is preconditioned by none
-    of them, with a warning, also where ``skip_layers`` skips one of them: its gradient sums every sharer's contribution while a layer's factors describe one
-    module's inputs and outputs (the embedding's A is zero for tokens absent from the batch, which the decoder
-    still gives a gradient), so it is left to the optimizer alone, as KAISA's BERT recipe and kfac-pytorch leave
-    embeddings. ValueError naming the module types found when no module can be preconditioned.
+    of them, with a warning, also where ``skip_layers`` skips one of them: its gradient sums every sharer's
+    contribution while a layer's factors describe one module's inputs and outputs (the embedding's A is zero for
+    tokens absent from the batch, which the decoder still gives a gradient), so it is left to the optimizer alone,
+    as KAISA's BERT recipe and kfac-pytorch leave embeddings. ValueError naming the module types found when no
+    module can be preconditioned.
     """
     named = list(model.named_modules())
     params = own_trainable(named)
