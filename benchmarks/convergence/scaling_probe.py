@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,17 @@ from benchmarks.convergence.runner import TUNE_SEED, RunSpec
 from benchmarks.convergence.scaling import Study, kfac_spec
 
 
+def _slug(value: Any) -> str:
+    """A kfac value as a file name's part: a number or word as it is, a list or schedule as its JSON's letters, digits,
+    dots and dashes."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return re.sub(r"[^A-Za-z0-9.\-]", "", text)
+
+
 def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
     """The record's name: what the probe changed from ``{"enabled": true}`` at LAMB's rate."""
     changes = [f"lrx{lr_scale:g}"] if lr_scale != 1.0 else []
-    changes += [f"{key}{value}" for key, value in sorted(kfac.items())]
+    changes += [f"{key}{_slug(value)}" for key, value in sorted(kfac.items())]
     return "kfac_defaults" + "".join(f"_{c}" for c in changes)
 
 

@@ -66,3 +66,15 @@ def test_the_probes_options_on_another_stage_are_refused_not_ignored(tmp_path: P
 
     with pytest.raises(SystemExit, match=r"--kfac-lr-scale / --kfac-set: only --stage probe.*--stage report"):
         main(["scaling", "--stage", "report", "--text", str(tmp_path / "absent.txt"), "--kfac-lr-scale", "0.5"])
+
+
+def test_a_probe_of_a_list_or_schedule_value_gets_a_file_safe_name() -> None:
+    """The record and the run folder are named after the probe: a schedule or a list value must not put spaces,
+    quotes or braces into a path (the shell, the launcher's arguments and a reader's glob all trip on them)."""
+    from benchmarks.convergence.scaling_probe import probe_name
+
+    name = probe_name(lr_scale=1.0, kfac={"relative_damping": {"initial": 1000, "milestones": [120], "factor": 0.01},
+                                          "skip_layers": ["embeddings"]})
+    assert name == "kfac_defaults_relative_dampinginitial1000milestones120factor0.01_skip_layersembeddings"
+    assert probe_name(lr_scale=0.5, kfac={"compute_method": "eigen-adaptive"}) == \
+        "kfac_defaults_lrx0.5_compute_methodeigen-adaptive"
