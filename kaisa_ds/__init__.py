@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kaisa_ds.config import KFACConfig
-from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, Grafting, LossReduction
+from kaisa_ds.enums import ComputeMethod, DampingMode, DistributedStrategy, Eigenvalues, Grafting, LossReduction
 from kaisa_ds.schedules import StepSchedule
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "ComputeMethod",
     "DampingMode",
     "DistributedStrategy",
+    "Eigenvalues",
     "Grafting",
     "KFACConfig",
     "KFACPreconditioner",

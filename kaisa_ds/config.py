@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
-from kaisa_ds.damping import Damping, damping_conflict, in_force
+from kaisa_ds.damping import Damping, checked_options, damping_conflict, eigenvalues_in_force, in_force
 from kaisa_ds.enums import (
     ComputeMethod,
     DampingMode,
     DistributedStrategy,
+    Eigenvalues,
     Grafting,
     LossReduction,
     parse_count,
@@ -47,17 +47,15 @@ SHARES = (("factor_sample_fraction", "of tokens whose statistics feed the factor
           ("decomposition_budget", "of a training step decompositions may cost"))
 
 
-
 @dataclass
 class KFACConfig:
     """Every K-FAC option, validated once at construction (a bad value raises ValueError naming the option and
     its allowed values). Enum-like options also take their string values; after construction they are the enums.
 
     Scheduled options (``factor_update_steps``, ``inv_update_steps``, ``damping``, ``relative_damping``,
-    ``factor_decay``, ``kl_clip``, ``lr``) take a number or a callable ``step -> value``
-    (:class:`~kaisa_ds.schedules.StepSchedule` is KAISA's step decay); callables are range-checked each time they are
-    evaluated (:meth:`value`). Damping: give ``damping`` (absolute) or ``relative_damping``, not both; neither:
-    relative, 10 if grafted and 100 if not (the ``*_RELATIVE_DAMPING`` constants); ``damping_mode="absolute"``: 1e-3.
+    ``factor_decay``, ``kl_clip``, ``lr``) take a number or a callable ``step -> value`` (KAISA's step decay:
+    :class:`~kaisa_ds.schedules.StepSchedule`), range-checked when evaluated (:meth:`value`). Damping's defaults,
+    and the options that contradict each other: :mod:`kaisa_ds.damping`.
 
     Args:
         factor_update_steps: steps between factor updates (statistics captured and folded into the running average).
@@ -76,6 +74,8 @@ class KFACConfig:
         kl_clip: bound on the KL size of the preconditioned step (KAISA's KL clip); None disables the clip;
             ``"auto"``: None under ``grafting="gradient"`` (the grafted size replaces the clip), else 0.001.
         grafting: :class:`~kaisa_ds.enums.Grafting`: what sets each layer's preconditioned gradient's size.
+        eigenvalues: :class:`~kaisa_ds.enums.Eigenvalues`: what divides the gradient rotated into K-FAC's eigenbasis;
+            ``"auto"``: ``kronecker``, as wherever a damping, the inverse method or ``grafting="none"`` is given.
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
         compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions, their warm-started refresh, or
             damped inverses; ``"auto"``: the refresh on CUDA (cheaper than eigh there), exact eigh elsewhere.
@@ -114,6 +114,7 @@ class KFACConfig:
     factor_decay: ScheduleLike = 0.95
     kl_clip: ScheduleLike | str | None = AUTO  # defaults_rule_6.md: none under the grafting the rule chose
     grafting: Grafting | str = Grafting.GRADIENT  # defaults_rule_6.md: E's sizes harmed where no text repeats
+    eigenvalues: Eigenvalues | str = AUTO  # resolved by kaisa_ds.damping (the `scaling` property)
     lr: ScheduleLike = 0.1
     compute_method: ComputeMethod | str = AUTO
     grad_worker_fraction: GradWorkerFraction = DistributedStrategy.AUTO  # benchmarks/README.md#strategy_cost
@@ -146,11 +147,7 @@ class KFACConfig:
         if isinstance(self.kl_clip, str) and self.kl_clip != AUTO:  # "auto" stays: value() resolves it (grafting)
             raise ValueError(f"kl_clip={self.kl_clip!r} is not valid; allowed: 'auto', a number > 0, a schedule "
                              "or null")
-        if self.damping_mode is not None:
-            self.damping_mode = parse_enum(DampingMode, self.damping_mode, name="damping_mode")
-        conflict = damping_conflict(self.damping, self.relative_damping, self.damping_mode, prefix="")
-        if conflict:
-            raise ValueError(conflict)
+        self.damping_mode, self.eigenvalues = checked_options(self)
         self.factor_dtype = parse_dtype(self.factor_dtype, name="factor_dtype", allow_none=True)
         self.inv_dtype = None if self.inv_dtype in (None, AUTO) else parse_dtype(self.inv_dtype, name="inv_dtype")
         self.decomposition_dtype = parse_dtype(self.decomposition_dtype, name="decomposition_dtype") or torch.float32
@@ -198,8 +195,7 @@ class KFACConfig:
         return int(checked) if name.endswith("_steps") and checked is not None else checked
 
     def inv_dtype_on(self, device: torch.device | None) -> torch.dtype:
-        """The dtype decompositions are stored in, ``"auto"`` resolved: BF16 on CUDA, where FP32 preconditioning
-        matmuls miss the tensor cores (docs/studies/gpu_suite.md), FP32 elsewhere.
+        """The dtype decompositions are stored in, ``"auto"`` resolved: BF16 on CUDA (gpu_suite.md), else FP32.
 
         Args:
             device: where the preconditioned layers live (None: a CPU).
@@ -247,6 +243,11 @@ class KFACConfig:
                         grafted=self.grafting is Grafting.GRADIENT)
 
     @property
+    def scaling(self) -> Eigenvalues:
+        """The eigenvalues in force (``eigenvalues`` with ``"auto"`` resolved)."""
+        return eigenvalues_in_force(self)
+
+    @property
     def storage_dtype(self) -> torch.dtype | None:
         """Factor storage dtype (None: the statistics' own FP32)."""
         return self.factor_dtype if isinstance(self.factor_dtype, torch.dtype) else None
@@ -284,7 +285,7 @@ class KFACConfig:
                 ``{"initial", "milestones", "factor"}``.
             overrides: options that replace the section's (e.g. ``loss_scale``, which JSON cannot hold).
         """
-        names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "loss_scale"}
+        names = {f.name for f in fields(cls) if f.init and f.name != "loss_scale"}
         values = section_values(section, keys=names)  # unknown keys first, then contradicting dampings
         conflict = damping_conflict(section.get("damping"), section.get("relative_damping"),
                                     section.get("damping_mode"), prefix="kfac.")

@@ -12,6 +12,12 @@ leaves its direction unchanged:
 
 Diagonal factors (embedding inputs) use the mean of their diagonal. Absolute damping adds the value as given
 (eigen: ``γ``; inverse: ``γ`` to each factor), which is the library's behaviour before relative damping.
+
+Whether K-FAC's damped eigenvalues are in force at all is decided here too (:class:`~kaisa_ds.enums.Eigenvalues`):
+``eigenvalues="auto"`` is :data:`DEFAULT_EIGENVALUES`, except where the other options ask for K-FAC's own ``λ_G λ_A
++ γ``: a damping given (``damping``, ``relative_damping`` or ``damping_mode``: only those eigenvalues have a ``γ``),
+the inverse method (no eigenbasis to measure in), or the ungrafted step (``grafting="none"``: its size is K-FAC's
+own, which only K-FAC's eigenvalues give). So KAISA's recipes keep the step they were measured with.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kaisa_ds.enums import DampingMode, parse_enum
+from kaisa_ds.enums import ComputeMethod, DampingMode, Eigenvalues, Grafting, parse_enum
 
 # Relative damping when none is given, × each layer's mean eigenvalue of A ⊗ G: 100 for KAISA's ungrafted step (the
 # tuned dampings: ~95 at large batch, ~6e4 small, results/damping_scale.json); 10 under grafting (defaults_rule_7.md).
@@ -101,3 +107,69 @@ DampingLike = float | Damping  # a bare number is absolute damping
 
 def as_damping(damping: DampingLike) -> Damping:
     return damping if isinstance(damping, Damping) else Damping(DampingMode.ABSOLUTE, float(damping))
+
+
+AUTO = "auto"
+DEFAULT_EIGENVALUES = Eigenvalues.KRONECKER
+
+
+def parse_eigenvalues(value: Any) -> Eigenvalues | str:
+    """``value`` as the enum, or ``"auto"``; ValueError naming the allowed values."""
+    if value == AUTO:
+        return AUTO
+    try:
+        return parse_enum(Eigenvalues, value, name="eigenvalues")
+    except ValueError as exc:
+        raise ValueError(f"{exc}, or 'auto' ({DEFAULT_EIGENVALUES.value} unless a damping, the inverse method or "
+                         "grafting='none' asks for K-FAC's own)") from None
+
+
+def _kronecker_because(*, damping_given: bool, method: ComputeMethod | str, grafting: Grafting) -> str | None:
+    if damping_given:
+        return "a damping is given (damping, relative_damping or damping_mode)"
+    if method == ComputeMethod.INVERSE:
+        return "compute_method='inverse' has no eigenbasis"
+    if grafting is Grafting.NONE:
+        return "grafting='none' takes the step's size from K-FAC's own eigenvalues"
+    return None
+
+
+def eigenvalues_conflict(value: Eigenvalues | str, *, damping_given: bool, method: ComputeMethod | str,
+                         grafting: Grafting, prefix: str = "") -> str | None:
+    """Why an explicit ``adaptive`` contradicts the other options (None when it does not, or for any other value)."""
+    if value is not Eigenvalues.ADAPTIVE:
+        return None
+    why = _kronecker_because(damping_given=damping_given, method=method, grafting=grafting)
+    if why is None:
+        return None
+    return (f"{prefix}eigenvalues='adaptive' scales the rotated gradient by its measured second moment, but {why}: "
+            f"drop {prefix}eigenvalues (or set it to 'kronecker'), or drop the other option")
+
+
+def resolve_eigenvalues(value: Eigenvalues | str, *, damping_given: bool, method: ComputeMethod | str,
+                        grafting: Grafting) -> Eigenvalues:
+    """The scaling in force: ``value``, or for ``"auto"`` the default unless another option asks for Kronecker."""
+    if isinstance(value, Eigenvalues):
+        return value
+    why = _kronecker_because(damping_given=damping_given, method=method, grafting=grafting)
+    return Eigenvalues.KRONECKER if why is not None else DEFAULT_EIGENVALUES
+
+
+def checked_options(config: Any) -> tuple[DampingMode | None, Eigenvalues | str]:
+    """A configuration's ``damping_mode`` and ``eigenvalues`` parsed, after checking that its damping options and
+    its eigenvalues do not contradict each other (ValueError naming the keys otherwise)."""
+    mode = parse_enum(DampingMode, config.damping_mode, name="damping_mode") if config.damping_mode else None
+    eigenvalues = parse_eigenvalues(config.eigenvalues)
+    damping_given = any(v is not None for v in (config.damping, config.relative_damping, mode))
+    conflict = damping_conflict(config.damping, config.relative_damping, mode, prefix="") or eigenvalues_conflict(
+        eigenvalues, damping_given=damping_given, method=config.compute_method, grafting=config.grafting)
+    if conflict:
+        raise ValueError(conflict)
+    return mode, eigenvalues
+
+
+def eigenvalues_in_force(config: Any) -> Eigenvalues:
+    """A (checked) configuration's eigenvalues with ``"auto"`` resolved."""
+    damping_given = any(v is not None for v in (config.damping, config.relative_damping, config.damping_mode))
+    return resolve_eigenvalues(config.eigenvalues, damping_given=damping_given, method=config.compute_method,
+                               grafting=config.grafting)

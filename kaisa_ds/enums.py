@@ -71,6 +71,18 @@ class DampingMode(str, enum.Enum):
     ABSOLUTE = "absolute"
 
 
+class Eigenvalues(str, enum.Enum):
+    """What divides each entry of a gradient rotated into K-FAC's eigenbasis (``KFACConfig.eigenvalues``).
+
+    ``kronecker``: K-FAC's own ``λ_G,i λ_A,j + γ``, the Kronecker product's estimate of that entry's second moment,
+    damped. ``adaptive``: ``√v̂``, the entry's measured second moment (a running average of its squares), as
+    EKFAC's eigenvalue correction with Adam's root, which SOAP runs in Shampoo's basis; no damping.
+    """
+
+    KRONECKER = "kronecker"
+    ADAPTIVE = "adaptive"
+
+
 class Grafting(str, enum.Enum):
     """What sets the size of each layer's preconditioned gradient (``KFACConfig.grafting``).
 

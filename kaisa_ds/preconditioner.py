@@ -90,7 +90,8 @@ class KFACPreconditioner:
         self.feed = StatisticsFeed(self)
         self.capture = self.feed.capture
         self.candidates, self.coverage = discover(model, self.config)
-        self.grouped = GroupedPreconditioner(method_for(self.config.method_on(layers_device(self.candidates))))
+        self.grouped = GroupedPreconditioner(method_for(self.config.method_on(layers_device(self.candidates)),
+                                                        eigenvalues=self.config.scaling))  # .method: its state too
         self.noise = NoiseScale(p for ly in self.candidates.values() for p in (ly.helper.weight, ly.helper.bias)
                                 if p is not None)
         self._pass_at_step: int | None = None  # the capture's forward-pass count at the last step
@@ -254,8 +255,7 @@ class KFACPreconditioner:
 
     @property
     def timings(self) -> dict[str, float]:
-        """Seconds per K-FAC stage during the last :meth:`step` (factor capture: hook time since the step
-        before); every stage is present, 0.0 when it did not run."""
+        """Seconds per stage of the last :meth:`step` (capture: hook time since the step before; 0.0: not run)."""
         return {stage: self.timer.seconds.get(stage, 0.0) for stage in STAGES}
 
     def diagnostics_snapshot(self) -> dict[str, Any]:
@@ -264,8 +264,7 @@ class KFACPreconditioner:
                 "inv_update_steps": self.inv_update_steps(), "cost_interval": self.cost_interval}
 
     def memory_usage(self) -> dict[str, int]:
-        """Bytes held by factors (with any open window buffer), by decompositions and by the cached
-        preconditioning denominators on this rank."""
+        """Bytes this rank holds in factors (any open window too), decompositions, denominators and method state."""
         return {"factors": sum(f.nbytes() for f in self.factors().values()),
                 "decompositions": storage_bytes(self.decompositions.values()), "denominators": self.grouped.nbytes()}
 
@@ -293,6 +292,7 @@ class KFACPreconditioner:
             self.decompositions = restored.decompositions
             self._install(restored.structure)
             self.needs_decomposition = restored.needs_decomposition
+        self.grouped.method.load_state(restored.scaling_state)
         self.steps, self._skipped, self._checks = restored.steps, restored.skipped_windows, []
         self.statistic_rows, self.cost_interval = restored.statistic_rows, restored.cost_interval
         if self.statistic_rows is not None:

@@ -36,13 +36,14 @@ from kaisa_ds.enums import (  # noqa: E402
     ComputeMethod,
     DampingMode,
     DistributedStrategy,
+    Eigenvalues,
     Grafting,
     LossReduction,
 )
 from kaisa_ds.schedules import AUTO  # noqa: E402
 
 ENUMS: dict[str, type[enum.Enum]] = {cls.__name__: cls for cls in (ComputeMethod, DampingMode, DistributedStrategy,
-                                                                    Grafting, LossReduction)}
+                                                                    Eigenvalues, Grafting, LossReduction)}
 DTYPE_NAMES = ("fp32", "fp16", "bf16", "fp64")
 # whole annotations whose reading is not the sum of their parts
 WHOLE = {

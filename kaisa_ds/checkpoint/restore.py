@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from kaisa_ds.checkpoint.scaling_state import KEY as SCALING_KEY
+from kaisa_ds.checkpoint.scaling_state import usable_scaling
 from kaisa_ds.checkpoint.state import StateOwner, saved_method, validate_state
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import from_tensors, layout
@@ -65,6 +67,7 @@ class Restored:
     structure: LayerStructure | None  # the saved layers' structure at this world size
     decompositions: dict[str, Decomposition]  # of the factors this rank holds
     needs_decomposition: bool  # a factor with a value has no decomposition: decompose at the next step
+    scaling_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # the method's, of this rank's layers
 
 
 def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
@@ -95,7 +98,9 @@ def restore_state(p: RestoreTarget, state: dict[str, Any]) -> Restored:
                       for f, ts in state["decompositions"].items() if f in present and structure.holds(f, p.rank)}
     return Restored(**counters, candidates=fresh, structure=structure, decompositions=decompositions,
                     needs_decomposition=any(  # decided from the state alone: the same on every rank
-                        f.has_value and n not in present for n, f in facs.items()))
+                        f.has_value and n not in present for n, f in facs.items()),
+                    scaling_state=usable_scaling(structure, state.get(SCALING_KEY), config=p.config, rank=p.rank,
+                                                 source="state_dict"))
 
 
 def usable_decompositions(p: StateOwner, found: dict[str, list[torch.Tensor]], *,

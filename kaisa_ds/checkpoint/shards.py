@@ -3,7 +3,8 @@
 Layout inside one checkpoint folder (a DeepSpeed tag, next to DeepSpeed's own per-rank files)::
 
     kfac_rank{r:03d}_of_{W:03d}.pt   rank r's share (:func:`kaisa_ds.checkpoint.state.owned_state`): the factors it
-                                     decomposes and their decompositions; every factor is in exactly one shard
+                                     decomposes and their decompositions, every factor in exactly one shard; the
+                                     adaptive eigenvalues' second moments of the layers whose G it decomposes
     kfac_meta.json                   written last, by rank 0, after every shard: counters, structure, method, the
                                      shards with their sizes and an index factor -> shard
 
@@ -33,6 +34,8 @@ import torch.distributed as dist
 
 from kaisa_ds.checkpoint.atomic import replace_atomic
 from kaisa_ds.checkpoint.restore import usable_decompositions
+from kaisa_ds.checkpoint.scaling_state import KEY as SCALING_KEY
+from kaisa_ds.checkpoint.scaling_state import usable_scaling
 from kaisa_ds.checkpoint.state import (
     STATE_VERSION,
     StateOwner,
@@ -55,6 +58,7 @@ class ShardOwner(StateOwner, Protocol):
 
 logger = logging.getLogger(__name__)
 META = "kfac_meta.json"
+SCALING_INDEX = "scaling_index"  # layer -> the shard holding its adaptive second moments
 FORMAT = "kaisa_ds.kfac_shards"
 SHARD_GLOB = "kfac_rank*_of_*.pt"
 
@@ -68,12 +72,13 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def _write_shard(p: StateOwner, folder: Path) -> tuple[str, int, dict[str, dict[str, Any]]]:
+def _write_shard(p: StateOwner, folder: Path) -> tuple[str, int, dict[str, dict[str, Any]], dict[str, str]]:
     """This rank's shard; its CPU copies (the save's one large host allocation) are freed on return."""
     name = shard_name(p.rank, p.world)
     shard = {"format": FORMAT, "rank": p.rank, "world": p.world, **owned_state(p)}
     size = replace_atomic(folder / name, lambda tmp: torch.save(shard, tmp))
-    return name, size, {f: {"shard": name, "decomposition": f in shard["decompositions"]} for f in shard["factors"]}
+    index = {f: {"shard": name, "decomposition": f in shard["decompositions"]} for f in shard["factors"]}
+    return name, size, index, {layer: name for layer in shard[SCALING_KEY]}
 
 
 def save_shards(p: StateOwner, folder: Path) -> dict[str, Any]:
@@ -92,8 +97,9 @@ def save_shards(p: StateOwner, folder: Path) -> dict[str, Any]:
         dist.all_gather_object(entries, entry)
     else:
         entries = [entry]
-    meta = {**state_header(p), "format": FORMAT, "world": p.world, "shards": {n: s for n, s, _ in entries},
-            "index": {f: info for _, _, idx in entries for f, info in idx.items()}}
+    meta = {**state_header(p), "format": FORMAT, "world": p.world, "shards": {n: s for n, s, _, _ in entries},
+            "index": {f: info for _, _, idx, _ in entries for f, info in idx.items()},
+            SCALING_INDEX: {layer: n for _, _, _, held in entries for layer, n in held.items()}}
     if p.rank == 0:
         replace_atomic(folder / META, lambda tmp: tmp.write_text(json.dumps(meta, indent=1)))
     _barrier(p.world)  # no rank returns (and perhaps loads) before the index exists
@@ -177,8 +183,21 @@ def load_shards(p: ShardOwner, folder: Path, *, steps: int | None = None) -> Non
         found = {}  # saved as inverses, now eigen (or back): recomputed from the factors
     kept, recompute = usable_decompositions(p, found, source=str(folder))
     p.use_decompositions(kept, recompute=recompute)
+    p.grouped.method.load_state(usable_scaling(p.structure, _scaling_entries(p, folder, meta), config=p.config,
+                                               rank=p.rank, source=str(folder)))
     logger.info("K-FAC: loaded %d factors and %d of this rank's decompositions from %s (saved by %d ranks, loaded by "
                 "%d)", len(meta["index"]), len(p.decompositions), folder, meta["world"], p.world)
+
+
+def _scaling_entries(p: ShardOwner, folder: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """The saved adaptive second moments of the layers this rank preconditions, read from their shards only."""
+    s = p.structure
+    where = meta.get(SCALING_INDEX) or {}  # absent in metas written before they were kept
+    wanted = {layer for layer in where if s is not None and layer in s.layers and s.preconditions(layer, p.rank)}
+    found: dict[str, Any] = {}
+    for name in sorted({where[layer] for layer in wanted}):
+        found.update({k: v for k, v in _open(folder / name).get(SCALING_KEY, {}).items() if k in wanted})
+    return found
 
 
 def check_shards(folder: Path) -> str | None:

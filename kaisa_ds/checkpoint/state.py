@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
+from kaisa_ds.checkpoint.scaling_state import KEY as SCALING_KEY
+from kaisa_ds.checkpoint.scaling_state import Grouped, gather_scaling, owned_scaling
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.decompose import layout
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
@@ -63,6 +65,9 @@ class StateOwner(Protocol):
 
     @property
     def discovered_info(self) -> dict[str, dict[str, Any]]: ...
+
+    @property
+    def grouped(self) -> Grouped: ...
 
 
 def _gather_decompositions(p: StateOwner) -> dict[str, list[torch.Tensor]]:
@@ -114,19 +119,22 @@ def export_state(p: StateOwner) -> dict[str, Any]:
         **state_header(p),
         "factors": {n: f.export() for n, f in (s.factors() if s is not None else {}).items()},
         "decompositions": _gather_decompositions(p),
+        SCALING_KEY: gather_scaling(p),
     }
 
 
 def owned_state(p: StateOwner) -> dict[str, Any]:
     """This rank's share, on CPU, with no communication: the factors it decomposes (each factor has exactly one
-    such rank, so the shares of all ranks hold every factor once) and the decompositions it computed of them."""
+    such rank, so the shares of all ranks hold every factor once), the decompositions it computed of them and the
+    adaptive second moments of the layers whose G factor it decomposes."""
     s = p.structure
     if s is None:
-        return {"factors": {}, "decompositions": {}}
+        return {"factors": {}, "decompositions": {}, SCALING_KEY: {}}
     mine = [f for f in s.factors() if s.decomposes(f, p.rank)]
     return {"factors": {f: s.factors()[f].export() for f in mine},
             "decompositions": {f: [t.detach().cpu().clone() for t in p.decompositions[f].tensors()]
-                               for f in mine if f in p.decompositions}}
+                               for f in mine if f in p.decompositions},
+            SCALING_KEY: owned_scaling(p)}
 
 
 def check_same_model(current: dict[str, dict[str, Any]], saved: dict[str, dict[str, Any]]) -> None:

@@ -1,17 +1,23 @@
-"""Eigendecompositions ``F = Q diag(λ) Qᵀ``, applied as ``Q_G [(Q_Gᵀ ∇ Q_A) / (λ_G λ_Aᵀ + γ)] Q_Aᵀ``.
+"""Eigendecompositions ``F = Q diag(λ) Qᵀ``, applied as ``Q_G [(Q_Gᵀ ∇ Q_A) / D] Q_Aᵀ``.
 
-The damping ``γ`` is added at preconditioning, per layer (:func:`kaisa_ds.damping.eigen_shift`), so the cached
-denominators ``1 / (λ_G λ_Aᵀ + γ)`` follow a scheduled damping without a new decomposition. Eigenvalues that rounding
-leaves below zero are clamped at 0, which keeps the preconditioner positive definite. A diagonal factor (an
-embedding's A, a factor above ``max_factor_dim``) is its own eigenvalues with identity eigenvectors.
+What ``D`` is belongs to the method's :class:`~kaisa_ds.decomposition.scaling.EigenScaling`: K-FAC's
+``λ_G λ_Aᵀ + γ`` (the default, :class:`~kaisa_ds.decomposition.scaling.KroneckerScaling`), whose damping ``γ`` is added
+at preconditioning, per layer (:func:`kaisa_ds.damping.eigen_shift`), so the cached denominators follow a scheduled
+damping without a new decomposition; or the rotated gradient's measured root second moment
+(:class:`~kaisa_ds.decomposition.scaling.AdaptiveScaling`). Eigenvalues that rounding leaves below zero are clamped
+at 0, which keeps the preconditioner positive definite. A diagonal factor (an embedding's A, a factor above
+``max_factor_dim``) is its own eigenvalues with identity eigenvectors.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from kaisa_ds.damping import Damping, eigen_shift
+from kaisa_ds.damping import Damping
 from kaisa_ds.decomposition.method import DecompositionMethod, Rates, Stacks, scaled
+from kaisa_ds.decomposition.scaling import EigenScaling, KroneckerScaling
 from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.enums import ComputeMethod
 
@@ -29,6 +35,9 @@ class EigenMethod(DecompositionMethod):
     damped_at_decomposition = False
     matrix = "eigvecs"
     vector = "eigvals"
+
+    def __init__(self, *, scaling: EigenScaling | None = None) -> None:
+        self.scaling = scaling if scaling is not None else KroneckerScaling()
 
     def compute(self, factors: torch.Tensor, *, diagonal: bool, damping: Damping, dtype: torch.dtype,
                 previous: Decomposition | None = None) -> Decomposition:
@@ -48,21 +57,25 @@ class EigenMethod(DecompositionMethod):
         return scaled(rates.eigh_seconds, n, flag=self.rate_flag)
 
     def denominator_numel(self, out: int, inp: int, *, a_diagonal: bool) -> int:
-        return out * inp  # 1 / (λ_G λ_Aᵀ + γ) per layer
+        return out * inp  # 1 / (λ_G λ_Aᵀ + γ), or the adaptive scaling's v, per layer
 
     def prepare(self, stacks: Stacks, damping: Damping) -> None:
-        assert stacks.g_vec is not None and stacks.a_vec is not None
-        lam_g, lam_a = stacks.g_vec, stacks.a_vec.repeat_interleave(stacks.share, 0)
-        stacks.shift = eigen_shift(damping, lam_g, lam_a)
-        scale = torch.baddbmm(stacks.shift, lam_g.unsqueeze(2), lam_a.unsqueeze(1)).reciprocal_()
-        stacks.scale = torch.nn.functional.pad(scale, (0, stacks.pad)) if stacks.pad else scale  # padding stays 0
+        self.scaling.prepare(stacks, damping)
 
     def apply(self, stacks: Stacks, v: torch.Tensor) -> torch.Tensor:
-        assert stacks.scale is not None
         v = stacks.g_side(v, transpose=True)
         if stacks.a_mat is not None:
             v = stacks.a_side(v, transpose=False)
-        v = v * stacks.scale
+        v = self.scaling.scale(stacks, v)
         if stacks.a_mat is not None:
             v = stacks.a_side(v, transpose=True)
         return stacks.g_side(v, transpose=False)
+
+    def export_state(self) -> dict[str, dict[str, Any]]:
+        return self.scaling.export()
+
+    def load_state(self, saved: dict[str, dict[str, Any]]) -> None:
+        self.scaling.load(saved)
+
+    def state_nbytes(self) -> int:
+        return self.scaling.nbytes()

@@ -15,7 +15,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -124,6 +124,18 @@ class DecompositionMethod(ABC):
     def report(self) -> dict[str, float]:
         """What the method did in its last decomposition round, for the diagnostics (nothing by default)."""
         return {}
+
+    def export_state(self) -> dict[str, dict[str, Any]]:
+        """Per layer, what the method keeps between steps besides the decompositions (a checkpoint saves it)."""
+        return {}
+
+    def load_state(self, saved: dict[str, dict[str, Any]]) -> None:
+        """Replace that state with a saved one (:meth:`export_state`'s format); nothing to load by default."""
+        return None
+
+    def state_nbytes(self) -> int:
+        """Bytes of that state."""
+        return 0
 
     @abstractmethod
     def prepare(self, stacks: Stacks, damping: Damping) -> None:

@@ -30,6 +30,7 @@ import torch
 from kaisa_ds.damping import Damping, factor_shift
 from kaisa_ds.decomposition.eigen import EigenMethod, exact_eigh
 from kaisa_ds.decomposition.method import Rates, scaled
+from kaisa_ds.decomposition.scaling import EigenScaling
 from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.enums import ComputeMethod
 
@@ -103,7 +104,9 @@ class RefreshMethod(EigenMethod):
 
     kind = ComputeMethod.EIGEN_REFRESH
 
-    def __init__(self, *, keep: float = KEEP, exact_above: float = EIGH, steps: int = STEPS) -> None:
+    def __init__(self, *, keep: float = KEEP, exact_above: float = EIGH, steps: int = STEPS,
+                 scaling: EigenScaling | None = None) -> None:
+        super().__init__(scaling=scaling)
         self.keep, self.exact_above, self.steps = keep, exact_above, steps
         self.last = RefreshCounts()
         self.total = RefreshCounts()

@@ -153,8 +153,9 @@ def attach_kfac(engine: Any, config: Any, *, auto_step: bool = True,
     wrap_checkpointing(engine, kfac)
     wrap_step(engine, kfac, auto_step=auto_step)
     scale_optimizer_rate(getattr(engine, "basic_optimizer", None), lr_scale)
-    logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s)",
-                len(kfac.layers), kfac.world, kfac.grad_workers, auto_step)
+    logger.info("kaisa_ds: K-FAC attached to %d layers (world %d, %d gradient workers per layer, auto_step=%s, "
+                "eigenvalues=%s)", len(kfac.layers), kfac.world, kfac.grad_workers, auto_step,
+                kfac.config.scaling.value)
     return kfac
 
 

@@ -52,8 +52,10 @@ class GroupedPreconditioner:
         self._groups, self._damping = None, None
 
     def nbytes(self) -> int:
-        """Bytes of the cached denominators (the stacked matrices are the decompositions' own storage)."""
-        return sum(g.scale.numel() * g.scale.element_size() for g in self._groups or [] if g.scale is not None)
+        """Bytes of the cached denominators and of the method's state between steps (the stacked matrices are the
+        decompositions' own storage)."""
+        cached = sum(g.scale.numel() * g.scale.element_size() for g in self._groups or [] if g.scale is not None)
+        return cached + self.method.state_nbytes()
 
     def shifts(self) -> dict[str, torch.Tensor] | None:
         """The damping ``γ`` of each layer in the cached groups (0-d tensors; no sync), where the method applies it

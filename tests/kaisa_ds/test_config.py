@@ -195,3 +195,21 @@ def test_the_default_method_is_the_eigenbasis_refresh_on_cuda_and_exact_eigh_els
     assert auto.method is ComputeMethod.EIGEN  # the layout a checkpoint or a receiver allocates, on every device
     assert pinned.method_on(torch.device("cuda")) is ComputeMethod.EIGEN
     assert type(KFACPreconditioner(TinyMLP()).grouped.method).__name__ == "EigenMethod"  # on this CPU
+
+
+def test_eigenvalues_auto_is_kroneckers_wherever_another_option_asks_for_kfacs_own() -> None:
+    """A damping only exists for K-FAC's own λ_G λ_A + γ, the inverse method has no eigenbasis, and the ungrafted
+    step's size is K-FAC's own: there "auto" keeps Kronecker, so KAISA's recipes keep the step they were measured
+    with; an explicit "adaptive" beside them is refused naming both keys."""
+    from kaisa_ds.damping import DEFAULT_EIGENVALUES
+    from kaisa_ds.enums import Eigenvalues
+
+    assert KFACConfig().scaling is DEFAULT_EIGENVALUES
+    for kept in ({"damping": 1e-3}, {"relative_damping": 10}, {"damping_mode": "absolute"},
+                 {"compute_method": "inverse"}, {"grafting": "none"}):
+        assert KFACConfig(**kept).scaling is Eigenvalues.KRONECKER, kept
+        with pytest.raises(ValueError, match=r"eigenvalues='adaptive'.*drop"):
+            KFACConfig(eigenvalues="adaptive", **kept)
+    assert KFACConfig(eigenvalues="ADAPTIVE").scaling is Eigenvalues.ADAPTIVE
+    with pytest.raises(ValueError, match=r"kfac\.eigenvalues.*'kronecker'.*'adaptive'.*or 'auto'"):
+        KFACConfig.from_dict({"eigenvalues": "measured"})
