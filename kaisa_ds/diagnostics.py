@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from kaisa_ds.enums import DampingMode
+from kaisa_ds.enums import DampingMode, Eigenvalues
 from kaisa_ds.layers.groups import layer_group
 from kaisa_ds.layers.noise_scale import NoiseScale
 
@@ -45,6 +45,7 @@ class Diagnostics:
     warned: set[str] = field(default_factory=set)  # kinds of effectiveness warnings already logged
     coverage: dict[str, Any] | None = None  # what share of the model is preconditioned (set at the first step)
     method_report: dict[str, float] = field(default_factory=dict)  # what the last decomposition round did (this rank)
+    eigenvalues: Eigenvalues = Eigenvalues.KRONECKER  # in force: under "adaptive" no damping is applied
 
     def record_step(self, *, kl_scale: torch.Tensor | None, damping: float, lr: float,
                     damping_mode: DampingMode) -> None:
@@ -92,14 +93,17 @@ class Diagnostics:
         return name, self.consecutive_failures[name]
 
     def snapshot(self, step: int, *, skipped_windows: int, noise: NoiseScale | None = None) -> dict[str, Any]:
-        """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync): ν, damping (and its mode) and lr
-        in force, decomposition age, skipped/failed counts, min/max eigenvalues per layer group held here, the last
-        decomposition's effectiveness check and round, the coverage, and the gradient noise scale."""
+        """Plain numbers for metrics.jsonl and DeepSpeed's monitor (one host sync): ν, the eigenvalue scaling,
+        damping (and its mode; None under adaptive eigenvalues, which apply none) and lr in force, decomposition
+        age, skipped/failed counts, min/max eigenvalues per layer group held here, the last decomposition's
+        effectiveness check and round, the coverage, and the gradient noise scale."""
         ranges = {k: [float(x) for x in v.tolist()] for k, v in self.eigen_ranges.items()}
         b_simple = None if noise is None else noise.b_simple()
         return {
             "kl_scale": None if self.kl_scale is None else float(self.kl_scale),
-            "damping": self.damping, "damping_mode": self.damping_mode.value, "lr": self.lr,
+            "eigenvalue_scaling": self.eigenvalues.value, "lr": self.lr,
+            "damping": self.damping if self.eigenvalues is Eigenvalues.KRONECKER else None,
+            "damping_mode": self.damping_mode.value if self.eigenvalues is Eigenvalues.KRONECKER else None,
             "decomposition_age": None if self.last_decomposition_step is None else step - self.last_decomposition_step,
             "skipped_windows": skipped_windows, "failed_decompositions": self.failed_decompositions,
             "eigenvalues": {k: {"min": v[0], "max": v[1]} for k, v in ranges.items()},

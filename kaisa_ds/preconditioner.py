@@ -79,7 +79,7 @@ class KFACPreconditioner:
         self.clock = StepClock()
         self.structure: LayerStructure | None = None
         self.watermark = GradWatermark()
-        self.diagnostics = Diagnostics()
+        self.diagnostics = Diagnostics(eigenvalues=self.config.scaling)
         self.timer = StageTimer()
         self.comm_bytes: dict[str, int] = {}
         # factor reductions started in backward hooks get a process group of their own (a collective: every rank

@@ -47,8 +47,9 @@ def plot(rows: list[dict[str, Any]], out: Path, *, title: str) -> None:
     _noise_scale(noise, rows)
     nu.plot(steps, [r["kl_scale"] if r["kl_scale"] is not None else float("nan") for r in rows])
     nu.set(title="KL-clip scale ν (1: step not cut)", xlabel="step", ylim=(0, 1.05))
-    mode = rows[-1].get("damping_mode", "absolute")
-    values.plot(steps, [r["damping"] for r in rows], label=f"damping ({mode})")
+    mode = rows[-1].get("damping_mode", "absolute")  # None under adaptive eigenvalues: no damping to draw
+    values.plot(steps, [r["damping"] if r["damping"] is not None else float("nan") for r in rows],
+                label=f"damping ({mode or 'none: adaptive eigenvalues'})")
     values.plot(steps, [r["lr"] for r in rows], label="learning rate")
     values.set(title="values in force", xlabel="step", yscale="log")
     values.legend()

@@ -200,3 +200,17 @@ def test_damping_share_is_the_gradient_weighted_share_of_the_spectrum_damping_do
         part = gamma_a * gamma_g / ((lam_g[:, None] + gamma_g) * (lam_a[None, :] + gamma_a))
     want = float((energy * part).sum() / energy.sum())
     assert precond.diagnostics_snapshot()["effectiveness"]["fc2"]["damping_share"] == pytest.approx(want, rel=1e-4)
+
+
+def test_under_adaptive_eigenvalues_the_snapshot_names_them_and_reports_no_damping() -> None:
+    """Adaptive eigenvalues apply no damping: a damping figure there would describe nothing the step does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    precond = KFACPreconditioner(model, eigenvalues="adaptive", factor_update_steps=1, inv_update_steps=1)
+    for _ in range(3):
+        model.zero_grad()
+        model(torch.randn(8, 6)).square().mean().backward()
+        precond.step()
+    snap = precond.diagnostics_snapshot()
+    assert snap["eigenvalue_scaling"] == "adaptive" and snap["damping"] is None and snap["damping_mode"] is None
+    assert all(f["damping_share"] == 0.0 for f in snap["effectiveness"].values())
