@@ -8,6 +8,7 @@
     python -m benchmarks.convergence scaling --stage fit                                    # fits, plots, summary
     python -m benchmarks.convergence scaling --stage probe --text ... --batches 8192 --kfac-lr-scale 0.5  # a cause
     python -m benchmarks.convergence scaling --stage rate   # amendment 7's rate factor from both models' probes
+    python -m benchmarks.convergence scaling --stage eigenvalues   # amendment 8's choice from both models' probes
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -29,7 +30,7 @@ from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, St
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate")
+STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate", "eigenvalues")
 VOCAB_SIZE = 8192
 
 
@@ -115,6 +116,27 @@ def rate_stage(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def eigenvalues_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """Amendment 8: the eigenvalue scaling from both models' tune-part probes; writes scaling_eigenvalues.json/.png."""
+    from benchmarks.convergence.scaling_eigenvalues import eigenvalue_study, plot_eigenvalues
+    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
+
+    if args.quick or args.kfac_lr_scale != 1.0 or args.kfac_set:
+        raise SystemExit("--stage eigenvalues reads both models' recorded probes (scaling/ and scaling_mini/ under "
+                         "--results, default benchmarks/results/convergence); it takes only --batches and --results")
+    root = args.results or REPO / "benchmarks" / "results" / "convergence"
+    cells = [Cell(model_size=model, tokens=tokens, results=root / f"scaling{'' if model == 'tiny' else '_' + model}")
+             for model in ("tiny", "mini") for tokens in (args.batches or CELL_BATCHES)]
+    result = {**eigenvalue_study(cells), "machine": machine()}
+    path = root / "scaling_eigenvalues.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    plot = plot_eigenvalues(result, root / "scaling_eigenvalues.png")
+    print(f"mean gap to LAMB's final over {len(cells)} cells: defaults {result['mean_gap']['defaults']:+.3f}, "
+          f"adaptive {result['mean_gap']['candidate']:+.3f}\n{'chosen' if result['chosen'] else 'not chosen'}: "
+          f"{result['why']}\nwrote {path} and {plot}")
+    return result
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.stage == "text":
         path = write_text(QUICK if args.quick else RULE, args.text)
@@ -129,6 +151,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return fit_study(recorded, plan, batches=chosen_batches(plan, args))
     if args.stage == "rate":  # the records alone, of both models
         return rate_stage(args)
+    if args.stage == "eigenvalues":
+        return eigenvalues_stage(args)
     if args.stage != "probe" and (args.kfac_lr_scale != 1.0 or args.kfac_set):
         raise SystemExit(f"--kfac-lr-scale / --kfac-set: only --stage probe reads them (--stage {args.stage} runs "
                          "K-FAC's defaults at LAMB's rate, as the rule says)")

@@ -35,8 +35,8 @@ class Cell:
     def name(self) -> str:
         return f"{self.model_size}/b{self.tokens}"
 
-    def probe_path(self, factor: float) -> Path:
-        return self.results / f"b{self.tokens}" / "tune" / f"{probe_name(lr_scale=factor, kfac={})}.json"
+    def probe_path(self, factor: float, kfac: dict[str, Any] | None = None) -> Path:
+        return self.results / f"b{self.tokens}" / "tune" / f"{probe_name(lr_scale=factor, kfac=kfac or {})}.json"
 
 
 def lamb_chosen(cell: Cell) -> tuple[float, float]:
@@ -50,22 +50,24 @@ def lamb_chosen(cell: Cell) -> tuple[float, float]:
     return lr, finals[lr]
 
 
-def probe_final(cell: Cell, factor: float, *, lamb_lr: float) -> float:
-    """The probe's final, after checking the record is the probe the rule asks for (part, seed, rate, no keys)."""
-    path = cell.probe_path(factor)
+def probe_final(cell: Cell, factor: float, *, lamb_lr: float, kfac: dict[str, Any] | None = None) -> float:
+    """The probe's final, after checking the record is the probe a rule asks for (part, seed, rate, kfac keys)."""
+    kfac = kfac or {}
+    path = cell.probe_path(factor, kfac)
     if not path.is_file():
+        keys = " --kfac-set " + " ".join(f"{k}={v}" for k, v in kfac.items()) if kfac else ""
         raise SystemExit(f"{path} is missing: run python -m benchmarks.convergence scaling --stage probe --text "
                          f"runs/scaling/corpus.txt --model-size {cell.model_size} --batches {cell.tokens} "
-                         f"--kfac-lr-scale {factor:g}")
+                         f"--kfac-lr-scale {factor:g}{keys}")
     record = json.loads(path.read_text())
     spec = record["spec"]
-    wrong = {key: spec.get(key) for key, want in (("eval_part", "tune"), ("seed", 0), ("kfac", {}))
+    wrong = {key: spec.get(key) for key, want in (("eval_part", "tune"), ("seed", 0), ("kfac", kfac))
              if spec.get(key) != want}
     if abs(float(spec["lr"]) - lamb_lr * factor) > 1e-9 * max(1.0, lamb_lr):
         wrong["lr"] = spec["lr"]
     if wrong or record.get("final") is None:
-        raise SystemExit(f"{path}: not amendment 7's probe (tune part, seed 0, no kfac keys, rate {lamb_lr * factor:g}"
-                         f", a final): {wrong or 'no final'}")
+        raise SystemExit(f"{path}: not the rule's probe (tune part, seed 0, kfac keys {kfac}, rate "
+                         f"{lamb_lr * factor:g}, a final): {wrong or 'no final'}")
     return float(record["final"])
 
 

@@ -53,11 +53,11 @@ def test_a_missing_or_mismatched_probe_names_the_fix(tmp_path: Path) -> None:
         rate_study([cell])
     cell.probe_path(0.5).write_text(json.dumps({"spec": {"eval_part": "report", "seed": 0, "kfac": {}, "lr": 0.005},
                                                 "final": 3.9}))
-    with pytest.raises(SystemExit, match=r"not amendment 7's probe.*eval_part"):
+    with pytest.raises(SystemExit, match=r"not the rule's probe.*eval_part"):
         rate_study([cell])
     cell.probe_path(0.5).write_text(json.dumps({"spec": {"eval_part": "tune", "seed": 0, "kfac": {}, "lr": 0.01},
                                                 "final": 3.9}))
-    with pytest.raises(SystemExit, match=r"not amendment 7's probe.*'lr': 0\.01"):
+    with pytest.raises(SystemExit, match=r"not the rule's probe.*'lr': 0\.01"):
         rate_study([cell])
 
 
