@@ -75,7 +75,7 @@ class KFACConfig:
             ``"auto"``: None under ``grafting="gradient"`` (the grafted size replaces the clip), else 0.001.
         grafting: :class:`~kaisa_ds.enums.Grafting`: what sets each layer's preconditioned gradient's size.
         eigenvalues: :class:`~kaisa_ds.enums.Eigenvalues`: what divides the gradient rotated into K-FAC's eigenbasis;
-            ``"auto"``: ``kronecker``, as wherever a damping, the inverse method or ``grafting="none"`` is given.
+            ``"auto"``: ``adaptive``; ``kronecker`` where a damping, the inverse method or ``grafting="none"`` is given.
         lr: the learning rate the KL clip assumes (a number or ``step -> lr``; DeepSpeed passes the optimizer's).
         compute_method: :class:`~kaisa_ds.enums.ComputeMethod`: eigendecompositions, their warm-started refresh, or
             damped inverses; ``"auto"``: the refresh on CUDA (cheaper than eigh there), exact eigh elsewhere.
@@ -114,7 +114,7 @@ class KFACConfig:
     factor_decay: ScheduleLike = 0.95
     kl_clip: ScheduleLike | str | None = AUTO  # defaults_rule_6.md: none under the grafting the rule chose
     grafting: Grafting | str = Grafting.GRADIENT  # defaults_rule_6.md: E's sizes harmed where no text repeats
-    eigenvalues: Eigenvalues | str = AUTO  # resolved by kaisa_ds.damping (the `scaling` property)
+    eigenvalues: Eigenvalues | str = AUTO  # adaptive unless a damping asks for Kronecker (amendment 8)
     lr: ScheduleLike = 0.1
     compute_method: ComputeMethod | str = AUTO
     grad_worker_fraction: GradWorkerFraction = DistributedStrategy.AUTO  # benchmarks/README.md#strategy_cost

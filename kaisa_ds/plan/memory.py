@@ -14,7 +14,7 @@ import torch
 from kaisa_ds.config import KFACConfig
 from kaisa_ds.decomposition.registry import method_for
 from kaisa_ds.distributed.assignment import Assignment
-from kaisa_ds.enums import ComputeMethod
+from kaisa_ds.enums import ComputeMethod, Eigenvalues
 from kaisa_ds.plan.shapes import ModelShapes
 
 
@@ -90,6 +90,7 @@ def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACCon
     open)."""
     method = config.method
     inv = element_size(planned_inv_dtype(config, cpu_ranks=cpu_ranks))
+    den_bytes = 4 if config.scaling is Eigenvalues.ADAPTIVE else inv  # adaptive: FP32 second moments, not a cache
     stored = sum(f.numel for f in shapes.factors.values()) * element_size(factor_dtype(config))
     window = window_bytes(shapes, config)
     unit_layers = shapes.unit_layers()
@@ -101,5 +102,5 @@ def memory_per_rank(shapes: ModelShapes, assignment: Assignment, config: KFACCon
                   for u in units for f in unit_factors[u])
         layers = [n for u in units for n in unit_layers.get(u, [])]
         den = denominator_numel(shapes, layers, method=method)
-        out.append(RankMemory(factors=stored, window=window, decompositions=dec * inv, denominators=den * inv))
+        out.append(RankMemory(factors=stored, window=window, decompositions=dec * inv, denominators=den * den_bytes))
     return out

@@ -206,7 +206,7 @@ def test_eigenvalues_auto_is_kroneckers_wherever_another_option_asks_for_kfacs_o
 
     assert KFACConfig().scaling is DEFAULT_EIGENVALUES
     for kept in ({"damping": 1e-3}, {"relative_damping": 10}, {"damping_mode": "absolute"},
-                 {"compute_method": "inverse"}, {"grafting": "none"}):
+                 {"compute_method": "inverse"}, {"grafting": "none"}, {"grafting": "kfac-size"}):
         assert KFACConfig(**kept).scaling is Eigenvalues.KRONECKER, kept
         with pytest.raises(ValueError, match=r"eigenvalues='adaptive'.*drop"):
             KFACConfig(eigenvalues="adaptive", **kept)

@@ -44,7 +44,7 @@ def test_graft_keeps_each_direction_at_the_gradients_norm() -> None:
 def test_grafted_step_has_raw_norms_and_kfac_directions(method: str) -> None:
     raw, plain = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="none",
                                 relative_damping=GRAFTED_DAMPING)
-    _, grafted = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="gradient")
+    _, grafted = preconditioned(1.0, compute_method=method, kl_clip=None, grafting="gradient", eigenvalues="kronecker")
     raw_norms, plain_norms, grafted_norms = _layer_norms(raw), _layer_norms(plain), _layer_norms(grafted)
     # without grafting the sizes are K-FAC's own, far from the gradient's (so the test can fail)
     assert max(abs(plain_norms[k] / raw_norms[k] - 1) for k in raw_norms) > 0.5
@@ -84,12 +84,15 @@ def test_the_default_step_keeps_each_layers_raw_size_and_an_ungrafted_one_keeps_
     """defaults_rule_6.md: what ``"kfac": {"enabled": true}`` hands the optimizer has the raw gradients' sizes, so
     LAMB's global norm stays its own; asking for ``grafting="none"`` brings back KAISA's step, KL clip included."""
     raw, default = preconditioned(1.0, lr=10.0)  # an lr at which a KL clip of 0.001 binds
+    _, kronecker = preconditioned(1.0, lr=10.0, eigenvalues="kronecker")  # the default's step with K-FAC's eigenvalues
     _, unclipped = preconditioned(1.0, lr=10.0, grafting="none", kl_clip=None)
     _, kaisa = preconditioned(1.0, lr=10.0, grafting="none")
     _, direction = preconditioned(1.0, lr=10.0, grafting="none", kl_clip=None, relative_damping=GRAFTED_DAMPING)
     for layer, norm in _layer_norms(raw).items():
         assert _layer_norms(default)[layer] == pytest.approx(norm, rel=1e-6), layer
-    assert min(cosines(direction, default).values()) > 1 - 1e-9  # K-FAC's direction at the default's damping
+    for layer, norm in _layer_norms(raw).items():
+        assert _layer_norms(kronecker)[layer] == pytest.approx(norm, rel=1e-6), layer
+    assert min(cosines(direction, kronecker).values()) > 1 - 1e-9  # K-FAC's direction at the default's damping
     ratios = {k: _layer_norms(kaisa)[k] / v for k, v in _layer_norms(unclipped).items()}
     assert max(ratios.values()) < 0.5  # the clip (0.001) binds on the ungrafted step
     assert max(ratios.values()) == pytest.approx(min(ratios.values()), rel=1e-6)  # one ν for every layer

@@ -53,7 +53,7 @@ def test_a_run_without_kfac_or_without_metrics_is_named(tmp_path: Path, capsys: 
 def test_effectiveness_is_plotted_and_old_logs_still_plot(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     rows = kfac_rows(run / "metrics.jsonl")
-    assert all(r["effectiveness"]["out"]["cosine"] <= 1 for r in rows) and rows[0]["damping_mode"] == "relative"
+    assert all(r["effectiveness"]["out"]["cosine"] <= 1 for r in rows) and rows[0]["damping_mode"] is None
     old = tmp_path / "old"
     old.mkdir()
     legacy = [{k: v for k, v in r.items() if k not in ("effectiveness", "damping_mode", "unpreconditioned_layers")}
