@@ -96,16 +96,24 @@ def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
     return wanted
 
 
-def rate_stage(args: argparse.Namespace) -> dict[str, Any]:
-    """Amendment 7: the rate factor from both models' tune-part probes; writes scaling_rate.json and .png."""
-    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell, plot_rate, rate_study
+def probe_cells(args: argparse.Namespace) -> tuple[Path, list[Any]]:
+    """The results root and both models' cells a records-only rule stage reads (``--batches``: a subset)."""
+    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
 
     if args.quick or args.kfac_lr_scale != 1.0 or args.kfac_set:
-        raise SystemExit("--stage rate reads both models' recorded probes (scaling/ and scaling_mini/ under --results,"
-                         " default benchmarks/results/convergence); it takes only --batches and --results")
+        raise SystemExit(f"--stage {args.stage} reads both models' recorded probes (scaling/ and scaling_mini/ under "
+                         "--results, default benchmarks/results/convergence); it takes only --batches and --results")
     root = args.results or REPO / "benchmarks" / "results" / "convergence"
-    cells = [Cell(model_size=model, tokens=tokens, results=root / f"scaling{'' if model == 'tiny' else '_' + model}")
-             for model in ("tiny", "mini") for tokens in (args.batches or CELL_BATCHES)]
+    folder = {"tiny": "scaling", "mini": "scaling_mini"}
+    return root, [Cell(model_size=model, tokens=tokens, results=root / folder[model])
+                  for model in folder for tokens in (args.batches or CELL_BATCHES)]
+
+
+def rate_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """Amendment 7: the rate factor from both models' tune-part probes; writes scaling_rate.json and .png."""
+    from benchmarks.convergence.scaling_rate import plot_rate, rate_study
+
+    root, cells = probe_cells(args)
     result = {**rate_study(cells), "machine": machine()}
     path = root / "scaling_rate.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
@@ -119,14 +127,8 @@ def rate_stage(args: argparse.Namespace) -> dict[str, Any]:
 def eigenvalues_stage(args: argparse.Namespace) -> dict[str, Any]:
     """Amendment 8: the eigenvalue scaling from both models' tune-part probes; writes scaling_eigenvalues.json/.png."""
     from benchmarks.convergence.scaling_eigenvalues import eigenvalue_study, plot_eigenvalues
-    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
 
-    if args.quick or args.kfac_lr_scale != 1.0 or args.kfac_set:
-        raise SystemExit("--stage eigenvalues reads both models' recorded probes (scaling/ and scaling_mini/ under "
-                         "--results, default benchmarks/results/convergence); it takes only --batches and --results")
-    root = args.results or REPO / "benchmarks" / "results" / "convergence"
-    cells = [Cell(model_size=model, tokens=tokens, results=root / f"scaling{'' if model == 'tiny' else '_' + model}")
-             for model in ("tiny", "mini") for tokens in (args.batches or CELL_BATCHES)]
+    root, cells = probe_cells(args)
     result = {**eigenvalue_study(cells), "machine": machine()}
     path = root / "scaling_eigenvalues.json"
     path.write_text(json.dumps(result, indent=1) + "\n")

@@ -18,14 +18,13 @@ from typing import Any, Protocol
 import torch
 
 from kaisa_ds.checkpoint.scaling_state import KEY as SCALING_KEY
-from kaisa_ds.checkpoint.scaling_state import Grouped, gather_scaling, owned_scaling
-from kaisa_ds.config import KFACConfig
+from kaisa_ds.checkpoint.scaling_state import ScalingOwner, gather_scaling, owned_scaling
 from kaisa_ds.decomposition.decompose import layout
 from kaisa_ds.decomposition.flagged import placeholder, with_flag
 from kaisa_ds.decomposition.tensors import Decomposition
 from kaisa_ds.distributed.collectives import broadcast_flat
 from kaisa_ds.enums import ComputeMethod, parse_count, parse_enum
-from kaisa_ds.structure import LayerStructure, layer_info
+from kaisa_ds.structure import layer_info
 
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
@@ -33,17 +32,8 @@ REQUIRED = ("version", "steps", "skipped_windows", "discovered", "layers", "fact
             "compute_method")
 
 
-class StateOwner(Protocol):
-    """What saving reads of the preconditioner (the one owner of this state)."""
-
-    @property
-    def config(self) -> KFACConfig: ...
-
-    @property
-    def world(self) -> int: ...
-
-    @property
-    def rank(self) -> int: ...
+class StateOwner(ScalingOwner, Protocol):
+    """What saving reads of the preconditioner (the one owner of this state): :class:`ScalingOwner`'s and these."""
 
     @property
     def steps(self) -> int: ...
@@ -58,16 +48,10 @@ class StateOwner(Protocol):
     def cost_interval(self) -> int | None: ...
 
     @property
-    def structure(self) -> LayerStructure | None: ...
-
-    @property
     def decompositions(self) -> Mapping[str, Decomposition]: ...
 
     @property
     def discovered_info(self) -> dict[str, dict[str, Any]]: ...
-
-    @property
-    def grouped(self) -> Grouped: ...
 
 
 def _gather_decompositions(p: StateOwner) -> dict[str, list[torch.Tensor]]:
