@@ -115,6 +115,10 @@ class AdaptiveScaling(EigenScaling):
         for name in group:
             self._loose.pop(name, None)
         for old in [g for g in self._second if set(g) & set(group)]:  # groups this one replaces
+            for name in set(old) - set(group):  # a layer leaving its group keeps its averages for a later one
+                row = self._row(name)
+                assert row is not None
+                self._loose[name] = (row[0].clone(), row[1])
             del self._second[old], self._count[old], self._pad[old]
         self._second[group], self._count[group], self._pad[group] = state, count, pad
         return state

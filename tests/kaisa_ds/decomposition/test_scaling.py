@@ -121,3 +121,17 @@ def test_a_non_finite_step_leaves_the_running_average_as_it_was() -> None:
 def test_the_inverse_method_has_no_eigenbasis_for_adaptive_eigenvalues() -> None:
     with pytest.raises(ValueError, match="no eigenbasis"):
         method_for(ComputeMethod.INVERSE, eigenvalues=Eigenvalues.ADAPTIVE)
+
+
+def test_a_layer_leaving_its_group_keeps_its_averages_for_a_later_group() -> None:
+    """Groups change with the structure (a layer without decompositions is applied raw for a while): l2 must not
+    lose its second moments when l1 is grouped alone, nor l1 its own when both are grouped again."""
+    pre = GroupedPreconditioner(method_for(ComputeMethod.EIGEN, eigenvalues=Eigenvalues.ADAPTIVE))
+    pairs, grads = _pairs(), _grads(1)
+    pre.apply(grads, pairs, damping=DAMPING)
+    before = pre.method.export_state()
+    pre.invalidate()
+    pre.apply({"l1": grads["l1"]}, {"l1": pairs["l1"]}, damping=DAMPING)
+    kept = pre.method.export_state()
+    assert torch.equal(kept["l2"]["second"], before["l2"]["second"]) and kept["l2"]["count"] == 1
+    assert kept["l1"]["count"] == 2
