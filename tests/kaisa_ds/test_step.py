@@ -169,7 +169,9 @@ def test_one_fast_round_does_not_set_the_interval(monkeypatch: pytest.MonkeyPatc
     first one here is fast, the next two take 0.2 s against steps of about a millisecond, so the interval is 200."""
     _slow_decompositions(monkeypatch, [0.0, 0.0, 0.2, 0.2])  # step 0's round is not timed; then 10, 20, 30
     model = _model()
-    precond = KFACPreconditioner(model, **ROWS_ONLY)  # a fast tiny round alone sets no more than the rows' 10
+    # a budget of 10%: 0.2 s rounds reach the longest interval, 200, for any step under 10 ms (at the rows-only
+    # budget of 100% a step over 1 ms, a slow or busy machine, gave 150)
+    precond = KFACPreconditioner(model, decomposition_budget=0.1)
     assert decomposition_steps(precond, model, _batches(8192, 45)) == [0, 10, 20, 30]
     assert precond.cost_interval == 200
 
