@@ -11,6 +11,7 @@ from typing import Any
 
 from bert_pretrain.curves import Curve, best_point, first_crossing, heldout_curve
 from kaisa_ds.report.metrics_log import read_rows
+from mission.kfac_interval import describe, interval_changes
 
 BASELINE = "lamb"  # the variant whose final held-out loss is the target
 logger = logging.getLogger("mission")
@@ -110,6 +111,7 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
         "seconds_to_lamb_best": hit_best.seconds if hit_best else None,
         "squad_f1": squad.get("f1"), "squad_em": squad.get("exact_match"),
         "heldout_curve": {"steps": curve.steps, "seconds": curve.seconds, "values": curve.values},
+        "phase1_decomposition_intervals": interval_changes(train_seconds[0]),
     }
 
 
@@ -190,9 +192,11 @@ def write_report(out_dir: Path, runs: dict[str, Path], seconds: dict[str, dict[s
     shown = {labels[k]: root for k, root in runs.items()}
     plot_losses(shown, out_dir / "loss_curves.png")
     plot_heldout(shown, out_dir / "heldout_curves.png", target=target)
+    intervals = [describe(f["label"], f["phase1_decomposition_intervals"]) for f in figures.values()]
     lines = ["# kaisa_ds main job: " + " vs. ".join(labels.values()), "",
              *(f"**Warning:** {w}" + "\n" for w in warnings),
              *headline(figures), "",
+             *(f"{line}\n" for line in intervals if line),
              "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()), "",
              "| run | phase-1 steps | phase-2 steps | pretrain wall s | final phase-1 loss | final phase-2 loss "
              "| held-out MLM acc | SQuAD EM | SQuAD F1 | F1 before fine-tuning | phase-1 held-out MLM "

@@ -210,3 +210,23 @@ def test_report_settings_carry_the_seed() -> None:
     from mission.run import report_settings
 
     assert report_settings(parse_args(["--seed", "3"]), squad="t / e")["seed"] == 3
+
+
+def test_report_names_the_decomposition_interval_each_k_fac_phase_timed(tmp_path: Path) -> None:
+    """Two runs of one seed took different steps when the "auto" interval was timed differently (15 vs 20):
+    the report says which interval its K-FAC run used, and how to pin it."""
+    runs = {"LAMB": tmp_path / "lamb", "LAMB + K-FAC": tmp_path / "kfac"}
+    _fake_run(runs["LAMB"], loss=3.5, f1=40.0, before=7.0)
+    _fake_run(runs["LAMB + K-FAC"], loss=3.25, f1=55.5, before=6.5)
+    metrics = runs["LAMB + K-FAC"] / "phase1" / "metrics.jsonl"
+    rows = read_rows(metrics)
+    for row, interval in zip(rows, (10, 10, 15, 15)):
+        row["kfac"] = {"inv_update_steps": interval, "cost_interval": None if interval == 10 else interval}
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = write_report(tmp_path, runs, {}, {"model": "tiny"}).read_text()
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["variants"]["kfac"]["phase1_decomposition_intervals"] == [[1, 10], [3, 15]]
+    assert data["variants"]["lamb"]["phase1_decomposition_intervals"] == []
+    line = next(x for x in report.splitlines() if "decompositions:" in x)
+    assert line.startswith("LAMB + K-FAC's") and "every 10 steps from step 1, every 15 steps from step 3" in line
+    assert "inv_update_steps" in line and report.count("decompositions:") == 1
