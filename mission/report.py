@@ -98,12 +98,12 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
     hit_best = first_crossing(curve, best) if best is not None and curve.values else None
     p1, p2 = read_json(root / "phase1" / "summary.json"), read_json(root / "phase2" / "summary.json")
     squad = read_json(root / "squad" / "eval_results.json")
-    train_seconds = [read_rows(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
+    phase_rows = [read_rows(root / phase / "metrics.jsonl") for phase in ("phase1", "phase2")]
     return {
         "phase1_train_seconds": curve.seconds[-1] if curve.seconds else None,
         "phase1_stopped_at_heldout": p1.get("stopped_at_heldout"),
         "pretrain_seconds": stage_seconds.get("phase1", 0.0) + stage_seconds.get("phase2", 0.0) or None,
-        "pretrain_train_seconds": sum(rows[-1].get("elapsed_s", 0.0) for rows in train_seconds if rows) or None,
+        "pretrain_train_seconds": sum(rows[-1].get("elapsed_s", 0.0) for rows in phase_rows if rows) or None,
         "phase1_steps": p1.get("steps"), "phase2_steps": p2.get("steps"),
         "final_heldout_mlm": curve.final, "phase2_final_heldout_mlm": p2.get("heldout_mlm_loss"),
         "steps_to_lamb_final": hit.step if hit else None, "seconds_to_lamb_final": hit.seconds if hit else None,
@@ -111,7 +111,7 @@ def variant_figures(root: Path, stage_seconds: dict[str, float], *, target: floa
         "seconds_to_lamb_best": hit_best.seconds if hit_best else None,
         "squad_f1": squad.get("f1"), "squad_em": squad.get("exact_match"),
         "heldout_curve": {"steps": curve.steps, "seconds": curve.seconds, "values": curve.values},
-        "phase1_decomposition_intervals": interval_changes(train_seconds[0]),
+        "phase1_decomposition_intervals": interval_changes(phase_rows[0]),
     }
 
 
