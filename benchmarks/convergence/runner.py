@@ -24,6 +24,7 @@ from benchmarks.convergence.regimes import LAMB_SHAPE_KEYS, LIBRARY_DEFAULTS, QU
 from bert_pretrain.curves import heldout_curve, training_curve
 from kaisa_ds.engine.ds_config import parse_kfac_section
 from kaisa_ds.report.metrics_log import read_rows
+from mission.kfac_interval import interval_changes
 
 logger = logging.getLogger(__name__)
 
@@ -272,9 +273,8 @@ def noise_curve(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
 def kfac_interval(rows: list[dict[str, Any]]) -> int | None:
     """The decomposition interval in force at a K-FAC run's end (the ``"auto"`` cost rule's choice, which reads the
     wall clock, so two runs of one spec may differ in it); None for LAMB."""
-    intervals = [(r.get("kfac") or {}).get("inv_update_steps") for r in rows]
-    known = [int(i) for i in intervals if i is not None]
-    return known[-1] if known else None
+    changes = interval_changes(rows)
+    return changes[-1][1] if changes else None
 
 
 def data_tokens(summary: Path) -> int | None:
