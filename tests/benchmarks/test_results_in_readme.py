@@ -21,8 +21,8 @@ RESULTS = REPO / "benchmarks/results/convergence"
 SEEDS = REPO / "benchmarks/results/mission/seeds_batch8192/seeds.json"
 COLUMNS = " | K-FAC's time to LAMB's final loss, × LAMB's |"
 # each per-batch table of the README (by the first cell of its header) and the study summary it must follow
-TABLES = {"| tokens a step": RESULTS / "scaling/summary.json",
-          "| BERT-mini, tokens a step": RESULTS / "scaling_mini/summary.json"}
+TINY, MINI = "| tokens a step", "| BERT-mini, tokens a step"
+TABLES = {TINY: RESULTS / "scaling/summary.json", MINI: RESULTS / "scaling_mini/summary.json"}
 SPREAD = re.compile(r"^(?P<mean>\d+\.\d+)(?: ± (?P<std>\d+\.\d+))?$")
 REACHED = re.compile(r"^(?P<k>\d+) of (?P<n>\d+)$")
 NEVER = "never"  # the time cell of a batch where no seed reached LAMB's final loss
@@ -52,16 +52,14 @@ def batch_of(cells: list[str]) -> str:
 
 
 def test_bert_tiny_s_table_covers_every_batch_of_the_study() -> None:
-    plan = json.loads((TABLES["| tokens a step"].parent / "plan.json").read_text())
-    assert [batch_of(cells) for cells in table_rows("| tokens a step")] == [str(b) for b in plan["batches"]]
+    plan = json.loads((TABLES[TINY].parent / "plan.json").read_text())
+    assert [batch_of(cells) for cells in table_rows(TINY)] == [str(b) for b in plan["batches"]]
 
 
 def test_bert_mini_s_table_covers_every_batch_it_has_pairs_at() -> None:
     """BERT-mini runs a subset of the plan's batches (amendment 5): the table has a row for each one the summary has."""
-    summary = TABLES["| BERT-mini, tokens a step"]
-    per_batch = json.loads(summary.read_text())["per_batch"]
-    rows = [batch_of(cells) for cells in table_rows("| BERT-mini, tokens a step")]
-    assert rows == sorted(per_batch, key=int)
+    per_batch = json.loads(TABLES[MINI].read_text())["per_batch"]
+    assert [batch_of(cells) for cells in table_rows(MINI)] == sorted(per_batch, key=int)
 
 
 @pytest.mark.parametrize(("header", "cells"), ROWS, ids=[f"{h[2:8]}-{c[0][:20]}" for h, c in ROWS])
