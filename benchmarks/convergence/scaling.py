@@ -139,6 +139,17 @@ class Plan:
         return self.steps[str(tokens)]
 
 
+# amendment 5: BERT-mini studies three of the rule's batches; BERT-tiny studies every batch of its plan
+MODEL_BATCHES: dict[str, tuple[int, ...]] = {"mini": (2048, 8192, 32768)}
+
+
+def studied_batches(plan: Plan, model_size: str) -> tuple[int, ...]:
+    """The batches a model's study reports. The rule's third seed goes to the two largest of these: BERT-mini's
+    plan lists all six of the rule's batches, but its two largest studied ones are 8,192 and 32,768."""
+    wanted = MODEL_BATCHES.get(model_size)
+    return plan.batches if wanted is None else tuple(b for b in plan.batches if b in wanted)
+
+
 def lamb_spec(regime: Regime, *, lr: float, seed: int, part: str) -> RunSpec:
     name = f"lamb_lr{lr:g}" + (f"_seed{seed}" if part == "report" else "")
     return RunSpec(name=name, regime=regime.name, optimizer="lamb", lr=lr, warmup=regime.warmups[0],

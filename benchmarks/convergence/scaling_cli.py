@@ -26,7 +26,17 @@ from tqdm import tqdm
 
 from benchmarks.convergence.defaults import kfac_setting
 from benchmarks.convergence.parts import Parts, write_parts
-from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, Study, load_plan, write_text
+from benchmarks.convergence.scaling import (
+    QUICK,
+    RULE,
+    Plan,
+    Recorded,
+    Rule,
+    Study,
+    load_plan,
+    studied_batches,
+    write_text,
+)
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +99,8 @@ def study_of(args: argparse.Namespace) -> Study:
 
 
 def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
-    wanted = tuple(args.batches or plan.batches)
+    """``--batches``, or every batch the model's study reports (BERT-mini: amendment 5's three)."""
+    wanted = tuple(args.batches or studied_batches(plan, args.model_size))
     unknown = sorted(set(wanted) - set(plan.batches))
     if unknown:
         raise SystemExit(f"--batches {unknown}: not in the plan's batches {list(plan.batches)}")
@@ -185,7 +196,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
             done[regime.name] = probe(study, regime, lr_scale=args.kfac_lr_scale, kfac=dict(args.kfac_set))
         else:
-            records = study.report(regime, seeds=rule.seeds_for(tokens, plan.batches))
+            records = study.report(regime, seeds=rule.seeds_for(tokens, studied_batches(plan, args.model_size)))
             done[regime.name] = {opt: [r["final"] for r in rs] for opt, rs in records.items()}
         print(f"{regime.name}: {json.dumps(done[regime.name])[:300]}")
     return done

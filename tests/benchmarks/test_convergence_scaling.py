@@ -238,3 +238,20 @@ def test_a_moved_choice_leaves_out_the_runs_made_at_the_old_rate(tmp_path: Path)
     chosen["lamb"] = {"lr": 0.01}
     (results / "b32768" / "chosen.json").write_text(json.dumps(chosen))
     assert load_batch(recorded, plan, 32768) == {"lamb": [], "kfac": []}
+
+
+def test_bert_minis_third_seed_goes_to_the_two_largest_of_its_own_batches(tmp_path: Path) -> None:
+    """BERT-mini's plan lists the rule's six batches, but amendment 5 studies three (2,048, 8,192, 32,768): the rule's
+    third seed belongs to 8,192 and 32,768, and the fit must read a seed-3 record at 8,192."""
+    from benchmarks.convergence.scaling import Recorded, load_plan
+    from benchmarks.convergence.scaling_fit import load_batch
+
+    results = tmp_path / "scaling_mini"
+    shutil.copytree(RECORDS.parent / "scaling_mini", results, ignore=shutil.ignore_patterns("*.png"))
+    report = results / "b8192" / "report"
+    for name in ("lamb_lr0.01", "kfac_defaults"):
+        shutil.copy(report / f"{name}_seed2.json", report / f"{name}_seed3.json")
+    recorded = Recorded(results=results, machine={}, model_size="mini")
+    plan = load_plan(results / "plan.json")
+    assert [len(v) for v in load_batch(recorded, plan, 8192).values()] == [3, 3]
+    assert [len(v) for v in load_batch(recorded, plan, 2048).values()] == [2, 2]
