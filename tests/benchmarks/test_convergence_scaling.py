@@ -255,3 +255,17 @@ def test_bert_minis_third_seed_goes_to_the_two_largest_of_its_own_batches(tmp_pa
     plan = load_plan(results / "plan.json")
     assert [len(v) for v in load_batch(recorded, plan, 8192).values()] == [3, 3]
     assert [len(v) for v in load_batch(recorded, plan, 2048).values()] == [2, 2]
+
+
+def test_a_stage_without_batches_runs_the_models_studied_batches() -> None:
+    """``--stage report --model-size mini`` with no ``--batches`` ran all six of the plan's batches, three of them
+    never part of BERT-mini's study (hours of runs no fit reads)."""
+    import argparse
+
+    from benchmarks.convergence.scaling import load_plan
+    from benchmarks.convergence.scaling_cli import chosen_batches
+
+    plan = load_plan(RECORDS.parent / "scaling_mini" / "plan.json")
+    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="mini")) == (2048, 8192, 32768)
+    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="tiny")) == plan.batches
+    assert chosen_batches(plan, argparse.Namespace(batches=[8192], model_size="mini")) == (8192,)
