@@ -53,6 +53,7 @@ class Rule:
     dupe_factor: int = 2  # masked copies of the text: a run reading it at most twice sees no example twice
     report_seeds: tuple[int, ...] = (1, 2)
     largest_seeds: tuple[int, ...] = (1, 2, 3)  # at the two largest batches
+    mini_batches: tuple[int, ...] = (2048, 8192, 32768)  # amendment 5: BERT-mini's three of the list
     # the text: generated worlds (bert_pretrain.corpus) of this many articles each, at these seeds, concatenated
     world_seeds: tuple[int, ...] = tuple(range(100, 108))
     articles_per_world: int = 25_000
@@ -77,8 +78,15 @@ class Rule:
             out.append(out[-1] * 2)
         return tuple(out)
 
-    def seeds_for(self, tokens: int, batches: tuple[int, ...]) -> tuple[int, ...]:
-        return self.largest_seeds if tokens in sorted(batches)[-2:] else self.report_seeds
+    def studied_batches(self, batches: tuple[int, ...], model_size: str) -> tuple[int, ...]:
+        """The batches of a plan's ``batches`` a model's study reports: BERT-tiny every one, BERT-mini
+        ``mini_batches`` (its plan lists all of the rule's batches, like BERT-tiny's)."""
+        return batches if model_size == "tiny" else tuple(b for b in batches if b in self.mini_batches)
+
+    def seeds_for(self, tokens: int, batches: tuple[int, ...], *, model_size: str = "tiny") -> tuple[int, ...]:
+        """A batch's report seeds: ``largest_seeds`` at the two largest batches the model studies."""
+        studied = self.studied_batches(batches, model_size)
+        return self.largest_seeds if tokens in sorted(studied)[-2:] else self.report_seeds
 
     def regime_for(self, tokens: int, *, steps: int, model_size: str = "tiny") -> Regime:
         """The run-shaping fields of one batch: sequences over 2 ranks, up to ``max_micro`` a pass."""
@@ -104,7 +112,8 @@ RULE = Rule()
 # never goes below it)
 QUICK = Rule(seq=32, base_tokens=128, batches=(128, 256, 512), base_steps=12, length_margin=1.5, max_micro=4,
              target_drops=(-3.0, -2.0), evals_per_run=4, min_eval_every=3, eval_examples=16, max_predictions=5,
-             dupe_factor=1, report_seeds=(1,), largest_seeds=(1,), world_seeds=(1,), articles_per_world=300)
+             dupe_factor=1, report_seeds=(1,), largest_seeds=(1,), world_seeds=(1,), articles_per_world=300,
+             mini_batches=(128, 256, 512))
 
 
 def write_text(rule: Rule, path: Path) -> Path:
@@ -138,16 +147,6 @@ class Plan:
     def steps_at(self, tokens: int) -> int:
         return self.steps[str(tokens)]
 
-
-# amendment 5: BERT-mini studies three of the rule's batches; BERT-tiny studies every batch of its plan
-MODEL_BATCHES: dict[str, tuple[int, ...]] = {"mini": (2048, 8192, 32768)}
-
-
-def studied_batches(plan: Plan, model_size: str) -> tuple[int, ...]:
-    """The batches a model's study reports. The rule's third seed goes to the two largest of these: BERT-mini's
-    plan lists all six of the rule's batches, but its two largest studied ones are 8,192 and 32,768."""
-    wanted = MODEL_BATCHES.get(model_size)
-    return plan.batches if wanted is None else tuple(b for b in plan.batches if b in wanted)
 
 
 def lamb_spec(regime: Regime, *, lr: float, seed: int, part: str) -> RunSpec:

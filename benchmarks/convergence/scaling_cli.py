@@ -26,17 +26,7 @@ from tqdm import tqdm
 
 from benchmarks.convergence.defaults import kfac_setting
 from benchmarks.convergence.parts import Parts, write_parts
-from benchmarks.convergence.scaling import (
-    QUICK,
-    RULE,
-    Plan,
-    Recorded,
-    Rule,
-    Study,
-    load_plan,
-    studied_batches,
-    write_text,
-)
+from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, Study, load_plan, write_text
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +90,8 @@ def study_of(args: argparse.Namespace) -> Study:
 
 def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
     """``--batches``, or every batch the model's study reports (BERT-mini: amendment 5's three)."""
-    wanted = tuple(args.batches or studied_batches(plan, args.model_size))
+    rule = QUICK if args.quick else RULE
+    wanted = tuple(args.batches or rule.studied_batches(plan.batches, args.model_size))
     unknown = sorted(set(wanted) - set(plan.batches))
     if unknown:
         raise SystemExit(f"--batches {unknown}: not in the plan's batches {list(plan.batches)}")
@@ -196,7 +187,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
             done[regime.name] = probe(study, regime, lr_scale=args.kfac_lr_scale, kfac=dict(args.kfac_set))
         else:
-            records = study.report(regime, seeds=rule.seeds_for(tokens, studied_batches(plan, args.model_size)))
+            records = study.report(regime, seeds=rule.seeds_for(tokens, plan.batches, model_size=args.model_size))
             done[regime.name] = {opt: [r["final"] for r in rs] for opt, rs in records.items()}
         print(f"{regime.name}: {json.dumps(done[regime.name])[:300]}")
     return done

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.convergence import analysis
-from benchmarks.convergence.scaling import Plan, Recorded, kfac_spec, lamb_spec, studied_batches
+from benchmarks.convergence.scaling import Plan, Recorded, kfac_spec, lamb_spec
 from bert_pretrain.curves import Curve, first_crossing
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ def load_batch(study: Recorded, plan: Plan, tokens: int) -> dict[str, list[dict[
         return {"lamb": [], "kfac": []}
     lr = float(json.loads(chosen_path.read_text())["lamb"]["lr"])
     out: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
-    for seed in rule.seeds_for(tokens, studied_batches(plan, study.model_size)):
+    for seed in rule.seeds_for(tokens, plan.batches, model_size=study.model_size):
         for name, spec in (("lamb", lamb_spec(regime, lr=lr, seed=seed, part="report")),
                            ("kfac", kfac_spec(regime, lr=lr, seed=seed))):
             path = study.results / regime.name / "report" / f"{spec.name}.json"

@@ -262,10 +262,15 @@ def test_a_stage_without_batches_runs_the_models_studied_batches() -> None:
     never part of BERT-mini's study (hours of runs no fit reads)."""
     import argparse
 
-    from benchmarks.convergence.scaling import load_plan
+    from benchmarks.convergence.scaling import QUICK, Plan, load_plan
     from benchmarks.convergence.scaling_cli import chosen_batches
 
     plan = load_plan(RECORDS.parent / "scaling_mini" / "plan.json")
-    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="mini")) == (2048, 8192, 32768)
-    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="tiny")) == plan.batches
-    assert chosen_batches(plan, argparse.Namespace(batches=[8192], model_size="mini")) == (8192,)
+    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="mini", quick=False)) == (2048, 8192, 32768)
+    assert chosen_batches(plan, argparse.Namespace(batches=None, model_size="tiny", quick=False)) == plan.batches
+    assert chosen_batches(plan, argparse.Namespace(batches=[8192], model_size="mini", quick=False)) == (8192,)
+    # the smoke test's toy rule has no 8,192 tokens: BERT-mini there studies the toy plan's batches, not none
+    toy = Plan(base_lr=0.01, base_steps_to_late=10.0, noise_tokens=100.0, batches=QUICK.batches,
+               steps={str(b): 12 for b in QUICK.batches})
+    assert chosen_batches(toy, argparse.Namespace(batches=None, model_size="mini", quick=True)) == QUICK.batches
+    assert QUICK.seeds_for(512, toy.batches, model_size="mini") == QUICK.largest_seeds
