@@ -9,6 +9,9 @@ seconds per step say where it goes.
     python -m benchmarks.default_overhead                        # BERT-mini, 64 x 128 tokens, 150 steady steps
     python -m benchmarks.default_overhead --size tiny --batch 32 --seq 64 --steps 40   # a quick look
     python -m benchmarks.default_overhead --size base --batch 256 --dtype bf16 --optimizer lamb --device cuda
+    python -m benchmarks.default_overhead --size mini --batch 32 --seq 64 --optimizer lamb --kfac-set max_factor_ratio=2
+
+``--kfac-set`` changes the K-FAC copy's options (a candidate default's cost against the same baseline).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from benchmarks.convergence.defaults import kfac_setting
 from benchmarks.harness.batches import random_batch
 from benchmarks.harness.cli import parser
 from benchmarks.harness.machine import machine, machine_line
@@ -55,7 +59,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     batches = [random_batch(args.batch, args.seq, 30522, device, seed=i) for i in range(8)]
     base, kfac_model = (bert_for_pretraining(args.size, seq=args.seq, seed=0).to(device) for _ in range(2))
-    precond = KFACPreconditioner(kfac_model)
+    precond = KFACPreconditioner(kfac_model, **dict(args.kfac_set))
     opts = [_optimizer(args.optimizer, m, args.lr) for m in (base, kfac_model)]
     autocast = {"fp32": None, "bf16": torch.bfloat16}[args.dtype]
     times: dict[str, list[float]] = {"baseline": [], "kfac": []}
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="autocast dtype of the forward pass")
     p.add_argument("--optimizer", default="sgd", choices=["sgd", "lamb"],
                    help="both copies' optimizer: plain SGD (the CPU target's), or LAMB (the GPU targets')")
+    p.add_argument("--kfac-set", metavar="KEY=VALUE", nargs="+", default=[], type=kfac_setting,
+                   help="K-FAC options of the K-FAC copy (default: none, every default)")
     args = p.parse_args(argv)
     res = measure(args)
     publish(res, report(res), args.out)

@@ -101,6 +101,9 @@ class KFACConfig:
             with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
         max_factor_dim: the largest factor kept whole; a larger one keeps only its diagonal (an untied LM head's
             vocabulary-sized G: 32,000² floats are 4 GB and their eigendecomposition takes minutes). None: no limit.
+        max_factor_ratio: a dense factor more than this many times its layer's other side keeps only its diagonal:
+            one-sided preconditioning, as SOAP offers (a transformer MLP's wide side, 4× the other, is about 80% of
+            its rotations, statistics and decompositions). None: every factor whole up to ``max_factor_dim``.
         max_statistic_rows: the most rows (tokens) one factor update takes in over every rank: past it, each pass's
             rows are sampled down (as ``factor_sample_fraction`` does) from the second update on, so the statistics'
             cost stops growing with the batch. None: every row.
@@ -132,6 +135,7 @@ class KFACConfig:
     factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
     max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
+    max_factor_ratio: float | None = None  # amendment 9 of batch_scaling.md measures 2 against None
     decomposition_budget: float = DECOMPOSITION_BUDGET
     max_statistic_rows: int | None = DEFAULT_MAX_STATISTIC_ROWS
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
@@ -166,6 +170,10 @@ class KFACConfig:
             parse_count(name, getattr(self, name), allow_none=allow_none, meaning=meaning)
         for name, of_what in SHARES:
             setattr(self, name, parse_share(name, getattr(self, name), of_what))
+        ratio = self.max_factor_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio >= 1):
+            raise ValueError(f"max_factor_ratio={ratio!r} is not valid; allowed: a number >= 1 (a dense factor more "
+                             "than this many times its layer's other side keeps only its diagonal) or null")
         cap = self.allreduce_bucket_cap_mb
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")

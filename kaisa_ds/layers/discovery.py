@@ -65,7 +65,7 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
             holders.setdefault(id(param), []).append(name)
     verdicts: dict[str, tuple[Verdict, str]] = {}
     for name, module in named:
-        helper = helper_for(module, max_factor_dim=config.max_factor_dim)
+        helper = helper_for(module, max_factor_dim=config.max_factor_dim, max_factor_ratio=config.max_factor_ratio)
         if helper is None:
             why = why_unsupported(module)
             verdicts[name] = ((Verdict.VECTORS, "") if kind_of(module) is Kind.VECTOR and why is None
@@ -76,7 +76,7 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
             verdicts[name] = (Verdict.VECTORS, "its weight is frozen")
         else:
             candidates.append((name, helper))
-            verdicts[name] = (Verdict.PRECONDITIONED, _factor_note(helper, config.max_factor_dim))
+            verdicts[name] = (Verdict.PRECONDITIONED, _factor_note(helper, config))
     tied = {id(h.weight): holders[id(h.weight)] for _, h in candidates if len(holders[id(h.weight)]) > 1}
     for names in tied.values():
         logger.warning("K-FAC: skipping %s: they share one weight, whose gradient no single module's factors "
@@ -108,11 +108,16 @@ def discover(model: nn.Module, config: KFACConfig) -> tuple[dict[str, KFACLayer]
     return layers, coverage
 
 
-def _factor_note(helper: ModuleHelper, limit: int | None) -> str:
-    sides = [f"{side} {dim:,}" for side, dim, diag in (("A", helper.a_dim, helper.diagonal_a and not
-                                                        helper.one_hot_input), ("G", helper.g_dim, helper.diagonal_g))
-             if diag]
-    return f"diagonal factor ({', '.join(sides)} > max_factor_dim {limit:,})" if sides and limit else ""
+def _factor_note(helper: ModuleHelper, config: KFACConfig) -> str:
+    """Which dense sides keep only their diagonal, and which limit made them (an embedding's one-hot A goes
+    unsaid: it is diagonal whatever the limits)."""
+    sides = (("A", helper.a_dim, helper.g_dim, helper.diagonal_a and not helper.one_hot_input),
+             ("G", helper.g_dim, helper.a_dim, helper.diagonal_g))
+    limit, ratio = config.max_factor_dim, config.max_factor_ratio
+    why = [f"{side} {dim:,} > max_factor_dim {limit:,}" if limit is not None and dim > limit
+           else f"{side} {dim:,} > max_factor_ratio {ratio:g} x {other:,}"
+           for side, dim, other, diagonal in sides if diagonal]
+    return f"diagonal factor ({', '.join(why)})" if why else ""
 
 
 def share_inputs(layers: dict[str, KFACLayer], same_input: dict[str, str]) -> None:
@@ -124,6 +129,7 @@ def share_inputs(layers: dict[str, KFACLayer], same_input: dict[str, str]) -> No
         layer, owner = layers.get(name), layers.get(first)
         if layer is None or owner is None:
             continue
-        if type(layer.helper) is type(owner.helper) and layer.a.dim == owner.a.dim:
+        if (type(layer.helper) is type(owner.helper) and layer.a.dim == owner.a.dim
+                and layer.a.diagonal == owner.a.diagonal):
             layer.a = owner.a
             layer.unit = owner.unit

@@ -72,17 +72,21 @@ class ModuleHelper:
     """Statistics and gradient-matrix views of one supported module.
 
     A factor larger than ``max_factor_dim`` (an LM head's vocabulary-sized G: 32,000² floats are 4 GB, and their
-    eigendecomposition minutes) keeps only its diagonal, as an embedding's one-hot A always does."""
+    eigendecomposition minutes) keeps only its diagonal, as an embedding's one-hot A always does. So does a dense
+    factor more than ``max_factor_ratio`` times its layer's other side (one-sided preconditioning, as SOAP offers:
+    a transformer MLP's wide side is most of a step's rotations, statistics and decompositions)."""
 
     one_hot_input = False  # the input is token ids: A is diagonal whatever its size
     lookup_ids = False  # the ids are those its F.embedding call looks up, not its first input (kaisa_ds.layers.lookup)
     g_channels_dim = -1
 
-    def __init__(self, module: nn.Module, *, max_factor_dim: int | None = None) -> None:
+    def __init__(self, module: nn.Module, *, max_factor_dim: int | None = None,
+                 max_factor_ratio: float | None = None) -> None:
         self.module = module
         limit = max_factor_dim if max_factor_dim is not None else float("inf")
-        self.diagonal_a = self.one_hot_input or self.a_dim > limit
-        self.diagonal_g = self.g_dim > limit
+        ratio = max_factor_ratio if max_factor_ratio is not None and not self.one_hot_input else float("inf")
+        self.diagonal_a = self.one_hot_input or self.a_dim > limit or self.a_dim > ratio * self.g_dim
+        self.diagonal_g = self.g_dim > limit or self.g_dim > ratio * self.a_dim
 
     @property
     def weight(self) -> nn.Parameter:
@@ -264,18 +268,19 @@ def why_unsupported(module: nn.Module) -> str | None:
     return None
 
 
-def helper_for(module: nn.Module, *, max_factor_dim: int | None = None) -> ModuleHelper | None:
+def helper_for(module: nn.Module, *, max_factor_dim: int | None = None,
+               max_factor_ratio: float | None = None) -> ModuleHelper | None:
     """The helper for a supported module type (exact type or subclass), else None (:func:`why_unsupported`)."""
     if why_unsupported(module) is not None:
         return None
     conv1d = _hf_conv1d()
     if conv1d is not None and isinstance(module, conv1d):
-        return Conv1DHelper(module, max_factor_dim=max_factor_dim)
+        return Conv1DHelper(module, max_factor_dim=max_factor_dim, max_factor_ratio=max_factor_ratio)
     if isinstance(module, nn.Embedding) and _overrides_forward(module, nn.Embedding):
         # a scaled word embedding looks up its input (times a scale); anything else computes the ids itself
         helper = ScaledEmbeddingHelper if hasattr(module, "embed_scale") else LookupEmbeddingHelper
-        return helper(module, max_factor_dim=max_factor_dim)
+        return helper(module, max_factor_dim=max_factor_dim, max_factor_ratio=max_factor_ratio)
     for cls, make in HELPERS.items():
         if isinstance(module, cls):
-            return make(module, max_factor_dim=max_factor_dim)
+            return make(module, max_factor_dim=max_factor_dim, max_factor_ratio=max_factor_ratio)
     return None

@@ -45,6 +45,9 @@ def test_an_explicit_inv_dtype_holds_on_every_device() -> None:
         ({"skip_layers": ["("]}, "skip_layers"),
         ({"allreduce_bucket_cap_mb": 0}, "allreduce_bucket_cap_mb"),
         ({"loss_reduction": "max"}, "loss_reduction"),
+        ({"max_factor_ratio": 0.5}, "max_factor_ratio"),
+        ({"max_factor_ratio": True}, "max_factor_ratio"),
+        ({"max_factor_ratio": "2"}, "max_factor_ratio"),
     ],
 )
 def test_invalid_values_name_the_argument(kwargs: dict, names: str) -> None:

@@ -211,21 +211,36 @@ def test_kl_clip_scales_every_gradient_by_the_formula() -> None:
         torch.testing.assert_close(_grad_matrix(m), pre[n] * nu, rtol=1e-4, atol=1e-7)
 
 
+LIMITS = {  # a model, the limit, which factors keep only their diagonal
+    "max_factor_dim": ("linear-2d", {"max_factor_dim": 5}, {("fc1", "A"), ("fc1", "G"), ("fc2", "A")}),
+    "max_factor_ratio": ("linear-2d", {"max_factor_ratio": 1.5}, {("fc2", "A")}),  # fc2's A 8 > 1.5 x its G 4
+    # q, k and v read one input; k's and v's A (8) is over 1.5 x their G (4), q's is not: k and v keep a diagonal A
+    # of their own rather than share q's whole one. The embedding's G (8) is not compared with its one-hot A
+    # (diagonal whatever the limits).
+    "max_factor_ratio-gqa": ("grouped-query-attention-and-parallel-mlp", {"max_factor_ratio": 1.5},
+                             {("emb", "A"), ("k_proj", "A"), ("v_proj", "A"), ("o_proj", "G"), ("fc_out", "A"),
+                              ("head", "A")}),
+}
+
+
+@pytest.mark.parametrize("limit", sorted(LIMITS))
 @pytest.mark.parametrize("method", ["eigen", "inverse"])
-def test_factors_above_max_factor_dim_keep_their_diagonal_and_match_the_dense_reference(method: str) -> None:
-    """An LM head's vocabulary-sized G is too large to hold whole: above ``max_factor_dim`` a factor is its diagonal,
-    and the preconditioned gradient is the dense ``(A ⊗ G + γI)⁻¹`` of the diagonal factor (here fc1's A of 7 and
-    G of 8 are diagonal, fc2's A of 8 too, its G of 4 is whole)."""
+def test_factors_over_a_limit_keep_their_diagonal_and_match_the_dense_reference(method: str, limit: str) -> None:
+    """An LM head's vocabulary-sized G is too large to hold whole, and a transformer MLP's wide side is most of the
+    step's cost: above ``max_factor_dim``, or more than ``max_factor_ratio`` times its layer's other side, a factor
+    is its diagonal, and the preconditioned gradient is the dense ``(A ⊗ G + γI)⁻¹`` of the diagonal factor
+    (TinyMLP: fc1's A of 7 and G of 8, fc2's A of 8 and G of 4; TinyGQA: see ``LIMITS``)."""
     torch.manual_seed(0)
-    model = TinyMLP()
+    case, options, diagonal = LIMITS[limit]
+    make_model, make_input = CASES[case]
+    model = make_model()
     modules = _kfac_modules(model)
     rec = Recorder(modules)
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", compute_method=method,
-                                 decomposition_dtype="fp64", max_factor_dim=5)
-    model(torch.randn(7, 6)).pow(2).mean().backward()
+                                 decomposition_dtype="fp64", **options)
+    model(make_input()).pow(2).mean().backward()
     raw = {n: _grad_matrix(m) for n, m in modules.items()}
     precond.step()
-    diagonal = {("fc1", "A"), ("fc1", "G"), ("fc2", "A")}
     for name, module in modules.items():
         a, g = _reference_factors(module, rec.inputs[name], rec.grads[name])
         layer = precond.layers[name]
