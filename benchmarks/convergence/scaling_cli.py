@@ -9,6 +9,7 @@
     python -m benchmarks.convergence scaling --stage probe --text ... --batches 8192 --kfac-lr-scale 0.5  # a cause
     python -m benchmarks.convergence scaling --stage rate   # amendment 7's rate factor from both models' probes
     python -m benchmarks.convergence scaling --stage eigenvalues   # amendment 8's choice from both models' probes
+    python -m benchmarks.convergence scaling --stage one-sided     # amendment 9's, from the probes and two cost runs
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -30,7 +31,7 @@ from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, St
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate", "eigenvalues")
+STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate", "eigenvalues", "one-sided")
 VOCAB_SIZE = 8192
 
 
@@ -141,6 +142,23 @@ def eigenvalues_stage(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def one_sided_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """Amendment 9: one-sided rotation from both models' tune-part probes and the two cost runs
+    (benchmarks/results/one_sided/); writes scaling_one_sided.json/.png."""
+    from benchmarks.convergence.scaling_one_sided import one_sided_study, plot_one_sided
+
+    root, cells = probe_cells(args)
+    result = {**one_sided_study(cells, cost_folder=root.parent / "one_sided"), "machine": machine()}
+    path = root / "scaling_one_sided.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    plot = plot_one_sided(result, root / "scaling_one_sided.png")
+    print(f"mean gap to LAMB's final over {len(cells)} cells: defaults {result['mean_gap']['defaults']:+.3f}, "
+          f"one-sided {result['mean_gap']['candidate']:+.3f}; overhead {result['overhead']['defaults']:.1%} against "
+          f"{result['overhead']['candidate']:.1%}\n{'chosen' if result['chosen'] else 'not chosen'}: {result['why']}"
+          f"\nwrote {path} and {plot}")
+    return result
+
+
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.stage == "text":
         path = write_text(QUICK if args.quick else RULE, args.text)
@@ -157,6 +175,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return rate_stage(args)
     if args.stage == "eigenvalues":
         return eigenvalues_stage(args)
+    if args.stage == "one-sided":
+        return one_sided_stage(args)
     if args.stage != "probe" and (args.kfac_lr_scale != 1.0 or args.kfac_set):
         raise SystemExit(f"--kfac-lr-scale / --kfac-set: only --stage probe reads them (--stage {args.stage} runs "
                          "K-FAC's defaults at LAMB's rate, as the rule says)")

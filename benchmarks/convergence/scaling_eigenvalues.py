@@ -59,6 +59,20 @@ def eigenvalue_study(cells: list[Cell]) -> dict[str, Any]:
             "why": why}
 
 
+def gap_bars(ax: Any, result: dict[str, Any], *, labels: dict[str, str]) -> None:
+    """Each cell's gap to LAMB's chosen final under the defaults and under a candidate, side by side, on ``ax``
+    (``labels``: ``defaults`` and ``candidate`` as the legend names them)."""
+    names = list(result["cells"])
+    for i, key in enumerate(("defaults", "candidate")):
+        gaps = [result["cells"][n][key] - result["cells"][n]["lamb"] for n in names]
+        ax.bar([j + (i - 0.5) * 0.38 for j in range(len(names))], gaps, width=0.38,
+               label=f"{labels[key]}: mean {result['mean_gap'][key]:+.2f}")
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("K-FAC's final - LAMB's final (nats, tune part)")
+    ax.legend(fontsize=8)
+
+
 def plot_eigenvalues(result: dict[str, Any], path: Path) -> Path:
     """Each cell's gap to LAMB under the defaults and under the candidate, side by side."""
     import matplotlib
@@ -66,18 +80,9 @@ def plot_eigenvalues(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(result["cells"])
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (key, label) in enumerate((("defaults", "kronecker (today's defaults)"),
-                                      ("candidate", "adaptive (amendment 8)"))):
-        gaps = [result["cells"][n][key] - result["cells"][n]["lamb"] for n in names]
-        ax.bar([j + (i - 0.5) * 0.38 for j in range(len(names))], gaps, width=0.38,
-               label=f"{label}: mean {result['mean_gap'][key]:+.2f}")
-    ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("K-FAC's final - LAMB's final (nats, tune part)")
+    gap_bars(ax, result, labels={"defaults": "kronecker (today's defaults)", "candidate": "adaptive (amendment 8)"})
     ax.set_title(f"Amendment 8: {'adaptive chosen' if result['chosen'] else 'defaults kept'} (below 0: K-FAC better)")
-    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
