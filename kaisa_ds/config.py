@@ -17,10 +17,9 @@ from kaisa_ds.enums import (
     Eigenvalues,
     Grafting,
     LossReduction,
-    parse_count,
+    checked_numbers,
     parse_dtype,
     parse_enum,
-    parse_share,
     parse_worker_fraction,
 )
 from kaisa_ds.schedules import (
@@ -38,13 +37,6 @@ GradWorkerFraction = float | DistributedStrategy | str
 DEFAULT_KL_CLIP = 0.001  # ``kl_clip="auto"`` without grafting: KAISA's clip
 DEFAULT_MAX_FACTOR_DIM = 8192  # 256 MiB in FP32: BERT-Large's 4,096 and GPT-2 XL's 6,400 are whole, a vocabulary not
 DEFAULT_MAX_STATISTIC_ROWS = 2048  # rule 8: a quarter of the large regime's rows trained as well (defaults_rule_8.md)
-COUNTS = (("accumulation_steps", True, "backward passes per step(); under DeepSpeed, gradient_accumulation_steps"),
-          ("max_decomposition_failures", False, "failed decompositions of one factor in a row that stop training"),
-          ("max_factor_dim", True, "the largest factor kept whole; larger ones keep their diagonal"),
-          ("max_statistic_rows", True, "rows one factor update takes in over every rank; more are sampled down"))
-SHARES = (("factor_sample_fraction", "of tokens whose statistics feed the factors"),
-          ("factor_pass_fraction", "of an accumulation window's backward passes whose statistics feed the factors"),
-          ("decomposition_budget", "of a training step decompositions may cost"))
 
 
 @dataclass
@@ -101,9 +93,8 @@ class KFACConfig:
             with :class:`~kaisa_ds.diagnostics.DecompositionFailed`.
         max_factor_dim: the largest factor kept whole; a larger one keeps only its diagonal (an untied LM head's
             vocabulary-sized G: 32,000² floats are 4 GB and their eigendecomposition takes minutes). None: no limit.
-        max_factor_ratio: a dense factor more than this many times its layer's other side keeps only its diagonal:
-            one-sided preconditioning, as SOAP offers (a transformer MLP's wide side, 4× the other, is about 80% of
-            its rotations, statistics and decompositions). None: every factor whole up to ``max_factor_dim``.
+        max_factor_ratio: a dense factor more than this many times its layer's other side keeps only its diagonal
+            (one-sided rotation, as SOAP offers: a transformer MLP's 4× wider side). None: whole up to max_factor_dim.
         max_statistic_rows: the most rows (tokens) one factor update takes in over every rank: past it, each pass's
             rows are sampled down (as ``factor_sample_fraction`` does) from the second update on, so the statistics'
             cost stops growing with the batch. None: every row.
@@ -166,17 +157,8 @@ class KFACConfig:
         for flag in ("symmetry_aware", "overlap_factor_reduction"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is not valid; allowed: true or false")
-        for name, allow_none, meaning in COUNTS:
-            parse_count(name, getattr(self, name), allow_none=allow_none, meaning=meaning)
-        for name, of_what in SHARES:
-            setattr(self, name, parse_share(name, getattr(self, name), of_what))
-        ratio = self.max_factor_ratio
-        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio >= 1):
-            raise ValueError(f"max_factor_ratio={ratio!r} is not valid; allowed: a number >= 1 (a dense factor more "
-                             "than this many times its layer's other side keeps only its diagonal) or null")
-        cap = self.allreduce_bucket_cap_mb
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-            raise ValueError(f"allreduce_bucket_cap_mb={cap!r} is not valid; allowed: a number > 0")
+        for name, value in checked_numbers(self).items():
+            setattr(self, name, value)
         if self.loss_scale is not None and not callable(self.loss_scale):
             raise ValueError("loss_scale must be None or a callable returning the current loss scale")
         if isinstance(self.inv_update_steps, str) and self.inv_update_steps != AUTO:
@@ -299,9 +281,8 @@ class KFACConfig:
                                     section.get("damping_mode"), prefix="kfac.")
         if conflict:
             raise ValueError(conflict)
-        kwargs = {**values, **overrides}
         try:
-            return cls(**kwargs)
+            return cls(**{**values, **overrides})
         except ValueError as exc:  # every field's message starts with its name: make it the config key
             text = str(exc)
             lead = re.match(r"\w+", text)

@@ -157,6 +157,18 @@ def parse_share(name: str, value: Any, of_what: str) -> float:
     return float(value)
 
 
+def parse_bound(name: str, value: Any, *, low: float, inclusive: bool, meaning: str, allow_none: bool) -> Any:
+    """A number above ``low`` (or equal to it when ``inclusive``), or None when ``allow_none``; ValueError naming
+    ``name`` and what the number means otherwise."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= low if inclusive else
+                                                                              value > low):
+        raise ValueError(f"{name}={value!r} is not valid; allowed: a number {'>=' if inclusive else '>'} {low:g} "
+                         f"({meaning})" + (" or null" if allow_none else ""))
+    return value
+
+
 def parse_count(name: str, value: Any, *, meaning: str, allow_none: bool = False) -> int | None:
     """An integer >= 1 (or None when ``allow_none``); ValueError naming ``name`` and what the count means."""
     if value is None and allow_none:
@@ -178,3 +190,29 @@ def parse_worker_fraction(value: Any) -> float | DistributedStrategy:
         raise ValueError(f"grad_worker_fraction={value!r} is not valid; allowed: a float in [1/world_size, 1] "
                          "or 'auto', 'comm-opt', 'hybrid-opt', 'mem-opt'")
     return float(value)
+
+
+COUNTS = (("accumulation_steps", True, "backward passes per step(); under DeepSpeed, gradient_accumulation_steps"),
+          ("max_decomposition_failures", False, "failed decompositions of one factor in a row that stop training"),
+          ("max_factor_dim", True, "the largest factor kept whole; larger ones keep their diagonal"),
+          ("max_statistic_rows", True, "rows one factor update takes in over every rank; more are sampled down"))
+BOUNDS = (("allreduce_bucket_cap_mb", 0, False, False, "payload per bucket of factor all-reduces, in MiB"),
+          ("max_factor_ratio", 1, True, True, "a dense factor more than this many times its layer's other side keeps "
+                                              "only its diagonal"))
+SHARES = (("factor_sample_fraction", "of tokens whose statistics feed the factors"),
+          ("factor_pass_fraction", "of an accumulation window's backward passes whose statistics feed the factors"),
+          ("decomposition_budget", "of a training step decompositions may cost"))
+
+
+def checked_numbers(options: object) -> dict[str, Any]:
+    """Every numeric option of ``options`` (a :class:`~kaisa_ds.config.KFACConfig`) range-checked, shares as
+    floats: counts, shares and bounded numbers, each ValueError naming its option and what it means."""
+    out: dict[str, Any] = {}
+    for name, allow_none, meaning in COUNTS:
+        out[name] = parse_count(name, getattr(options, name), allow_none=allow_none, meaning=meaning)
+    for name, of_what in SHARES:
+        out[name] = parse_share(name, getattr(options, name), of_what)
+    for name, low, inclusive, allow_none, meaning in BOUNDS:
+        out[name] = parse_bound(name, getattr(options, name), low=low, inclusive=inclusive, meaning=meaning,
+                                allow_none=allow_none)
+    return out
