@@ -101,15 +101,13 @@ def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
 
 def probe_cells(args: argparse.Namespace) -> tuple[Path, list[Any]]:
     """The results root and both models' cells a records-only rule stage reads (``--batches``: a subset)."""
-    from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
+    from benchmarks.convergence.scaling_rate import CELL_BATCHES, both_models_cells
 
     if args.quick or args.kfac_lr_scale != 1.0 or args.kfac_set:
         raise SystemExit(f"--stage {args.stage} reads both models' recorded probes (scaling/ and scaling_mini/ under "
                          "--results, default benchmarks/results/convergence); it takes only --batches and --results")
     root = args.results or REPO / "benchmarks" / "results" / "convergence"
-    folder = {"tiny": "scaling", "mini": "scaling_mini"}
-    return root, [Cell(model_size=model, tokens=tokens, results=root / folder[model])
-                  for model in folder for tokens in (args.batches or CELL_BATCHES)]
+    return root, both_models_cells(root, args.batches or CELL_BATCHES)
 
 
 def rate_stage(args: argparse.Namespace) -> dict[str, Any]:

@@ -39,6 +39,15 @@ class Cell:
         return self.results / f"b{self.tokens}" / "tune" / f"{probe_name(lr_scale=factor, kfac=kfac or {})}.json"
 
 
+STUDY_FOLDERS = {"tiny": "scaling", "mini": "scaling_mini"}  # each model's results folder under the study's root
+
+
+def both_models_cells(root: Path, batches: tuple[int, ...] | list[int] = CELL_BATCHES) -> list[Cell]:
+    """Both models' cells at ``batches``, their records under ``root`` (benchmarks/results/convergence)."""
+    return [Cell(model_size=model, tokens=tokens, results=root / folder)
+            for model, folder in STUDY_FOLDERS.items() for tokens in batches]
+
+
 def lamb_chosen(cell: Cell) -> tuple[float, float]:
     """LAMB's chosen rate at the cell and its final on the tune part."""
     folder = cell.results / f"b{cell.tokens}"

@@ -4,13 +4,11 @@ rebuilt from the committed records."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from benchmarks.convergence.scaling_eigenvalues import decide, eigenvalue_study
-from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
-from tests.support.launch import REPO_ROOT as REPO
+from benchmarks.convergence.scaling_rate import both_models_cells
+from tests.support.records import committed_choice
 
 
 def _cells(**finals: tuple[float, float]) -> dict:
@@ -31,13 +29,7 @@ def test_a_cell_left_on_the_plateau_vetoes_whatever_the_mean() -> None:
 
 
 def test_the_committed_choice_follows_from_the_committed_records() -> None:
-    root = REPO / "benchmarks" / "results" / "convergence"
-    record = root / "scaling_eigenvalues.json"
-    if not record.is_file():
-        pytest.skip("amendment 8's cells are not recorded yet")
-    cells = [Cell(model_size=m, tokens=t, results=root / f"scaling{'' if m == 'tiny' else '_' + m}")
-             for m in ("tiny", "mini") for t in CELL_BATCHES]
-    committed = json.loads(record.read_text())
-    rebuilt = eigenvalue_study(cells)
+    root, committed = committed_choice("scaling_eigenvalues.json", what="amendment 8's cells")
+    rebuilt = eigenvalue_study(both_models_cells(root))
     assert rebuilt["chosen"] == committed["chosen"]
     assert rebuilt["mean_gap"] == pytest.approx(committed["mean_gap"])

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.convergence.scaling_one_sided import CANDIDATE, decide, one_sided_study, read_overhead
-from benchmarks.convergence.scaling_rate import CELL_BATCHES, Cell
-from tests.support.launch import REPO_ROOT as REPO
+from benchmarks.convergence.scaling_rate import both_models_cells
+from tests.support.records import committed_choice
 
 CHEAPER = {"defaults": 0.30, "candidate": 0.15}
 
@@ -57,14 +57,8 @@ def test_only_the_rules_cost_run_is_read(tmp_path: Path) -> None:
 
 
 def test_the_committed_choice_follows_from_the_committed_records() -> None:
-    root = REPO / "benchmarks" / "results" / "convergence"
-    record = root / "scaling_one_sided.json"
-    if not record.is_file():
-        pytest.skip("amendment 9's cells are not recorded yet")
-    cells = [Cell(model_size=m, tokens=t, results=root / f"scaling{'' if m == 'tiny' else '_' + m}")
-             for m in ("tiny", "mini") for t in CELL_BATCHES]
-    committed = json.loads(record.read_text())
-    rebuilt = one_sided_study(cells, cost_folder=root.parent / "one_sided")
+    root, committed = committed_choice("scaling_one_sided.json", what="amendment 9's cells")
+    rebuilt = one_sided_study(both_models_cells(root), cost_folder=root.parent / "one_sided")
     assert rebuilt["chosen"] == committed["chosen"]
     assert rebuilt["mean_gap"] == pytest.approx(committed["mean_gap"])
     assert rebuilt["overhead"] == pytest.approx(committed["overhead"])
