@@ -126,7 +126,7 @@ class KFACConfig:
     factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
     max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
-    max_factor_ratio: float | None = None  # amendment 9 of batch_scaling.md measures 2 against None
+    max_factor_ratio: float | None = None  # amendment 9 chose 2; it becomes the default with the reruns it asks for
     decomposition_budget: float = DECOMPOSITION_BUDGET
     max_statistic_rows: int | None = DEFAULT_MAX_STATISTIC_ROWS
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)
