@@ -78,8 +78,13 @@ def folders(args: argparse.Namespace) -> tuple[Path, Path]:
             args.results or REPO / "benchmarks" / "results" / "convergence" / f"scaling{suffix}")
 
 
+def rule_of(args: argparse.Namespace) -> Rule:
+    """The study's rule, or the toy one under ``--quick``."""
+    return QUICK if args.quick else RULE
+
+
 def study_of(args: argparse.Namespace) -> Study:
-    rule = QUICK if args.quick else RULE
+    rule = rule_of(args)
     if args.text is None:
         raise SystemExit(f"--stage {args.stage} needs --text (the study's text; --stage text writes it)")
     work, results = folders(args)
@@ -91,8 +96,7 @@ def study_of(args: argparse.Namespace) -> Study:
 
 def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
     """``--batches``, or every batch the model's study reports (BERT-mini: amendment 5's three)."""
-    rule = QUICK if args.quick else RULE
-    wanted = tuple(args.batches or rule.studied_batches(plan.batches, args.model_size))
+    wanted = tuple(args.batches or rule_of(args).studied_batches(plan.batches, args.model_size))
     unknown = sorted(set(wanted) - set(plan.batches))
     if unknown:
         raise SystemExit(f"--batches {unknown}: not in the plan's batches {list(plan.batches)}")
@@ -159,13 +163,13 @@ def one_sided_stage(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.stage == "text":
-        path = write_text(QUICK if args.quick else RULE, args.text)
+        path = write_text(rule_of(args), args.text)
         print(f"the study's text: {path} ({path.stat().st_size / 1e6:.1f} MB)")
         return {"text": str(path)}
     if args.stage == "fit":  # the records alone: no text, vocabulary or data cache
         from benchmarks.convergence.scaling_fit import fit_study
 
-        recorded = Recorded(results=folders(args)[1], machine=machine(), rule=QUICK if args.quick else RULE,
+        recorded = Recorded(results=folders(args)[1], machine=machine(), rule=rule_of(args),
                             model_size=args.model_size)
         plan = load_plan(recorded.results / "plan.json")
         return fit_study(recorded, plan, batches=chosen_batches(plan, args))

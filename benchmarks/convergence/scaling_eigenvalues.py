@@ -30,11 +30,20 @@ def early_target(cell: Cell, *, lamb_lr: float) -> float:
     return recorded_plateau(cell.results, record, "tune", examples=RULE.eval_examples) - RULE.target_drops[0]
 
 
+def mean_gaps(cells: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The defaults' and the candidate's mean final minus LAMB's chosen final over the cells."""
+    return {k: sum(c[k] - c["lamb"] for c in cells.values()) / len(cells) for k in ("defaults", "candidate")}
+
+
+def stuck_cells(cells: dict[str, dict[str, Any]]) -> list[str]:
+    """The cells where the candidate ends on the plateau (above the early target) and the defaults do not."""
+    return sorted(n for n, c in cells.items() if c["candidate"] > c["early"] >= c["defaults"])
+
+
 def decide(cells: dict[str, dict[str, Any]], *, margin: float = MARGIN) -> tuple[bool, str]:
     """Whether the candidate is chosen, and why, from each cell's finals (``defaults``, ``candidate``, ``lamb``,
     ``early``)."""
-    gap = {k: sum(c[k] - c["lamb"] for c in cells.values()) / len(cells) for k in ("defaults", "candidate")}
-    stuck = sorted(n for n, c in cells.items() if c["candidate"] > c["early"] >= c["defaults"])
+    gap, stuck = mean_gaps(cells), stuck_cells(cells)
     if stuck:
         return False, f"the candidate stays on the plateau where the defaults leave it: {stuck}"
     if gap["defaults"] - gap["candidate"] < margin:
@@ -43,19 +52,25 @@ def decide(cells: dict[str, dict[str, Any]], *, margin: float = MARGIN) -> tuple
     return True, f"its mean gap {gap['candidate']:+.3f} against the defaults' {gap['defaults']:+.3f}"
 
 
-def eigenvalue_study(cells: list[Cell]) -> dict[str, Any]:
-    """Every cell's finals and gaps, the means and the decision, as ``scaling_eigenvalues.json`` keeps them."""
+def cell_rows(cells: list[Cell], *, defaults: dict[str, Any], candidate: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per cell: LAMB's chosen rate and final, the early target, the finals of the probes of ``defaults`` and of
+    ``candidate`` (their ``--kfac-set`` keys), and those probes' records."""
     rows: dict[str, dict[str, Any]] = {}
     for cell in cells:
         lr, lamb_final = lamb_chosen(cell)
         rows[cell.name] = {"lamb_lr": lr, "lamb": lamb_final, "early": early_target(cell, lamb_lr=lr),
-                           "defaults": probe_final(cell, 1.0, lamb_lr=lr),
-                           "candidate": probe_final(cell, 1.0, lamb_lr=lr, kfac=CANDIDATE),
+                           "defaults": probe_final(cell, 1.0, lamb_lr=lr, kfac=defaults),
+                           "candidate": probe_final(cell, 1.0, lamb_lr=lr, kfac=candidate),
                            "records": [str(cell.probe_path(1.0, k).relative_to(cell.results.parent))
-                                       for k in ({}, CANDIDATE)]}
+                                       for k in (defaults, candidate)]}
+    return rows
+
+
+def eigenvalue_study(cells: list[Cell]) -> dict[str, Any]:
+    """Every cell's finals and gaps, the means and the decision, as ``scaling_eigenvalues.json`` keeps them."""
+    rows = cell_rows(cells, defaults={}, candidate=CANDIDATE)
     chosen, why = decide(rows)
-    means = {k: sum(r[k] - r["lamb"] for r in rows.values()) / len(rows) for k in ("defaults", "candidate")}
-    return {"rule": RULE_TEXT, "candidate": CANDIDATE, "cells": rows, "mean_gap": means, "chosen": chosen,
+    return {"rule": RULE_TEXT, "candidate": CANDIDATE, "cells": rows, "mean_gap": mean_gaps(rows), "chosen": chosen,
             "why": why}
 
 

@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.convergence.scaling_eigenvalues import early_target, gap_bars
-from benchmarks.convergence.scaling_rate import Cell, lamb_chosen, probe_final
+from benchmarks.convergence.scaling_eigenvalues import cell_rows, gap_bars, mean_gaps, stuck_cells
+from benchmarks.convergence.scaling_rate import Cell
 
 CANDIDATE = {"max_factor_ratio": 2}
 DEFAULTS = {"eigenvalues": "adaptive"}  # amendment 8's probes: today's defaults, set explicitly before they were
@@ -49,8 +49,7 @@ def decide(cells: dict[str, dict[str, Any]], overhead: dict[str, float], *, marg
            share: float = COST_SHARE) -> tuple[bool, str]:
     """Whether the candidate is chosen, and why, from each cell's finals (``defaults``, ``candidate``, ``lamb``,
     ``early``) and both overheads."""
-    gap = {k: sum(c[k] - c["lamb"] for c in cells.values()) / len(cells) for k in ("defaults", "candidate")}
-    stuck = sorted(n for n, c in cells.items() if c["candidate"] > c["early"] >= c["defaults"])
+    gap, stuck = mean_gaps(cells), stuck_cells(cells)
     if stuck:
         return False, f"the candidate stays on the plateau where the defaults leave it: {stuck}"
     if gap["candidate"] - gap["defaults"] > margin:
@@ -66,19 +65,11 @@ def decide(cells: dict[str, dict[str, Any]], overhead: dict[str, float], *, marg
 def one_sided_study(cells: list[Cell], *, cost_folder: Path) -> dict[str, Any]:
     """Every cell's finals and gaps, both overheads, the means and the decision, as ``scaling_one_sided.json``
     keeps them."""
-    rows: dict[str, dict[str, Any]] = {}
-    for cell in cells:
-        lr, lamb_final = lamb_chosen(cell)
-        rows[cell.name] = {"lamb_lr": lr, "lamb": lamb_final, "early": early_target(cell, lamb_lr=lr),
-                           "defaults": probe_final(cell, 1.0, lamb_lr=lr, kfac=DEFAULTS),
-                           "candidate": probe_final(cell, 1.0, lamb_lr=lr, kfac=CANDIDATE),
-                           "records": [str(cell.probe_path(1.0, k).relative_to(cell.results.parent))
-                                       for k in (DEFAULTS, CANDIDATE)]}
+    rows = cell_rows(cells, defaults=DEFAULTS, candidate=CANDIDATE)
     overhead = {k: read_overhead(cost_folder / name, kfac=CANDIDATE if k == "candidate" else {})
                 for k, name in COST_RUNS.items()}
     chosen, why = decide(rows, overhead)
-    means = {k: sum(r[k] - r["lamb"] for r in rows.values()) / len(rows) for k in ("defaults", "candidate")}
-    return {"rule": RULE_TEXT, "candidate": CANDIDATE, "cells": rows, "mean_gap": means, "overhead": overhead,
+    return {"rule": RULE_TEXT, "candidate": CANDIDATE, "cells": rows, "mean_gap": mean_gaps(rows), "overhead": overhead,
             "cost_records": {k: str((cost_folder / n).relative_to(cost_folder.parent)) for k, n in COST_RUNS.items()},
             "chosen": chosen, "why": why}
 
