@@ -9,6 +9,8 @@ Stages, each reusing every recorded run (``benchmarks.convergence.runner``):
   Written once to ``plan.json``; later stages read it and never change it.
 - ``tune``: LAMB's grid at each batch of the plan, tune part, the tuning seed.
 - ``report``: per batch and seed, LAMB at its chosen rate and ``{"enabled": true}`` at the same rate, report part.
+  With a *candidate* (kfac keys a rule chose as the next default, amendment 9) both runs of each pair run again into
+  ``b<tokens>/report_<candidate>/``, and the fit reads that folder: the default moves only once every pair exists.
 - ``fit``: ``benchmarks.convergence.scaling_fit``: the fits, their bootstrap intervals and the plots.
 """
 
@@ -18,7 +20,9 @@ import dataclasses
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -155,10 +159,30 @@ def lamb_spec(regime: Regime, *, lr: float, seed: int, part: str) -> RunSpec:
                    steps=regime.steps, seed=seed, eval_part=part)
 
 
-def kfac_spec(regime: Regime, *, lr: float, seed: int) -> RunSpec:
-    """K-FAC as ``"kfac": {"enabled": true}`` gives it, at LAMB's chosen rate: no K-FAC tuning at any batch."""
+def kfac_spec(regime: Regime, *, lr: float, seed: int, candidate: Mapping[str, Any] | None = None) -> RunSpec:
+    """K-FAC as ``"kfac": {"enabled": true}`` gives it (plus a ``candidate``'s keys), at LAMB's chosen rate: no K-FAC
+    tuning at any batch."""
     return RunSpec(name=f"kfac_defaults_seed{seed}", regime=regime.name, optimizer=LIBRARY_DEFAULTS, lr=lr,
-                   warmup=regime.warmups[0], steps=regime.steps, seed=seed, eval_part="report", kfac={})
+                   warmup=regime.warmups[0], steps=regime.steps, seed=seed, eval_part="report",
+                   kfac=dict(candidate or {}))
+
+
+def slug(value: Any) -> str:
+    """A kfac value as a file name's part: a number or word as it is, a list or schedule as its JSON's letters, digits,
+    dots and dashes."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    return re.sub(r"[^A-Za-z0-9.\-]", "", text)
+
+
+def candidate_name(candidate: Mapping[str, Any]) -> str:
+    """``max_factor_ratio2`` for ``{"max_factor_ratio": 2}``: the keys and values a candidate sets, sorted."""
+    return "_".join(f"{key}{slug(value)}" for key, value in sorted(candidate.items()))
+
+
+def report_folder(results: Path, regime_name: str, candidate: Mapping[str, Any]) -> Path:
+    """Where a batch's report pairs are recorded: ``report/`` for today's defaults, ``report_<candidate>/`` for a
+    candidate's reruns (LAMB's twin runs again there, the same day, so each pair's times are comparable)."""
+    return results / regime_name / ("report" if not candidate else f"report_{candidate_name(candidate)}")
 
 
 PLATEAUS = "plateaus.json"
@@ -191,6 +215,7 @@ class Recorded:
     machine: dict[str, Any]
     rule: Rule = RULE
     model_size: str = "tiny"
+    candidate: Mapping[str, Any] = field(default_factory=dict)  # kfac keys over the defaults (report_folder)
 
     def plateau(self, record: dict[str, Any], part: str) -> float:
         return recorded_plateau(self.results, record, part, examples=self.rule.eval_examples)
@@ -207,9 +232,11 @@ class Study:
     machine: dict[str, Any]
     rule: Rule = RULE
     model_size: str = "tiny"
+    candidate: Mapping[str, Any] = field(default_factory=dict)  # kfac keys over the defaults (report_folder)
 
     def run(self, spec: RunSpec, regime: Regime) -> dict[str, Any]:
-        folder = self.results / regime.name / spec.eval_part
+        folder = (report_folder(self.results, regime.name, self.candidate) if spec.eval_part == "report"
+                  else self.results / regime.name / spec.eval_part)
         return run(spec, regime, self.parts, vocab=self.vocab, work=self.work, record=folder / f"{spec.name}.json",
                    machine=self.machine)
 
@@ -282,13 +309,14 @@ class Study:
                     batches=batches, steps=steps)
 
     def report(self, regime: Regime, *, seeds: tuple[int, ...]) -> dict[str, list[dict[str, Any]]]:
-        """LAMB at its chosen rate and K-FAC's defaults at the same rate, seed by seed (pairs back to back)."""
+        """LAMB at its chosen rate and K-FAC's defaults (with the candidate's keys) at the same rate, seed by seed
+        (pairs back to back)."""
         chosen = json.loads((self.results / regime.name / "chosen.json").read_text())
         lr = float(chosen["lamb"]["lr"])
         out: dict[str, list[dict[str, Any]]] = {"lamb": [], "kfac": []}
         for seed in seeds:
             out["lamb"].append(self.run(lamb_spec(regime, lr=lr, seed=seed, part="report"), regime))
-            out["kfac"].append(self.run(kfac_spec(regime, lr=lr, seed=seed), regime))
+            out["kfac"].append(self.run(kfac_spec(regime, lr=lr, seed=seed, candidate=self.candidate), regime))
         return out
 
 

@@ -10,6 +10,7 @@
     python -m benchmarks.convergence scaling --stage rate   # amendment 7's rate factor from both models' probes
     python -m benchmarks.convergence scaling --stage eigenvalues   # amendment 8's choice from both models' probes
     python -m benchmarks.convergence scaling --stage one-sided     # amendment 9's, from the probes and two cost runs
+    python -m benchmarks.convergence scaling --stage report --text ... --kfac-set max_factor_ratio=2  # its reruns
 
 The vocabulary is a WordPiece of ``--vocab-size`` tokens learnt on the training part alone (the held-out parts never
 shape it), unless ``--vocab`` names one. Every stage reuses recorded runs, so an interrupted one continues.
@@ -53,7 +54,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--kfac-lr-scale", type=float, default=1.0,
                    help="--stage probe: K-FAC's rate over LAMB's chosen one (%(default)s)")
     c.add_argument("--kfac-set", metavar="KEY=VALUE", nargs="+", default=[], type=kfac_setting,
-                   help="--stage probe: kfac-section keys to set (e.g. inv_update_steps=10)")
+                   help="--stage probe: kfac-section keys to set (e.g. inv_update_steps=10); --stage report and fit: "
+                        "a candidate default's keys, whose pairs run again into b<tokens>/report_<candidate>/")
 
 
 def study_vocab(parts: Parts, folder: Path, *, size: int) -> Path:
@@ -90,8 +92,9 @@ def study_of(args: argparse.Namespace) -> Study:
     work, results = folders(args)
     parts = write_parts([args.text], work / "parts")
     vocab = args.vocab or study_vocab(parts, work, size=args.vocab_size)
+    candidate = dict(args.kfac_set) if args.stage == "report" else {}  # the probe stage names its own records
     return Study(parts=parts, vocab=vocab, work=work, results=results, machine=machine(), rule=rule,
-                 model_size=args.model_size)
+                 model_size=args.model_size, candidate=candidate)
 
 
 def chosen_batches(plan: Plan, args: argparse.Namespace) -> tuple[int, ...]:
@@ -162,6 +165,9 @@ def one_sided_stage(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.stage != "probe" and args.kfac_lr_scale != 1.0:
+        raise SystemExit(f"--kfac-lr-scale: only --stage probe reads it (--stage {args.stage} runs K-FAC at LAMB's "
+                         "rate, as the rule says)")
     if args.stage == "text":
         path = write_text(rule_of(args), args.text)
         print(f"the study's text: {path} ({path.stat().st_size / 1e6:.1f} MB)")
@@ -170,7 +176,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         from benchmarks.convergence.scaling_fit import fit_study
 
         recorded = Recorded(results=folders(args)[1], machine=machine(), rule=rule_of(args),
-                            model_size=args.model_size)
+                            model_size=args.model_size, candidate=dict(args.kfac_set))
         plan = load_plan(recorded.results / "plan.json")
         return fit_study(recorded, plan, batches=chosen_batches(plan, args))
     if args.stage == "rate":  # the records alone, of both models
@@ -179,9 +185,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return eigenvalues_stage(args)
     if args.stage == "one-sided":
         return one_sided_stage(args)
-    if args.stage != "probe" and (args.kfac_lr_scale != 1.0 or args.kfac_set):
-        raise SystemExit(f"--kfac-lr-scale / --kfac-set: only --stage probe reads them (--stage {args.stage} runs "
-                         "K-FAC's defaults at LAMB's rate, as the rule says)")
+    if args.stage not in ("probe", "report") and args.kfac_set:
+        raise SystemExit(f"--kfac-set: --stage {args.stage} does not read it (probe: a diagnostic; report and fit: a "
+                         "candidate default's reruns)")
     study = study_of(args)
     rule: Rule = study.rule
     plan_path = study.results / "plan.json"

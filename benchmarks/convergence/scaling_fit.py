@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.convergence import analysis
-from benchmarks.convergence.scaling import Plan, Recorded, kfac_spec, lamb_spec
+from benchmarks.convergence.scaling import Plan, Recorded, candidate_name, kfac_spec, lamb_spec, report_folder
 from bert_pretrain.curves import Curve, first_crossing
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def load_batch(study: Recorded, plan: Plan, tokens: int) -> dict[str, list[dict[
     for seed in rule.seeds_for(tokens, plan.batches, model_size=study.model_size):
         for name, spec in (("lamb", lamb_spec(regime, lr=lr, seed=seed, part="report")),
                            ("kfac", kfac_spec(regime, lr=lr, seed=seed))):
-            path = study.results / regime.name / "report" / f"{spec.name}.json"
+            path = report_folder(study.results, regime.name, study.candidate) / f"{spec.name}.json"
             record = json.loads(path.read_text()) if path.is_file() else None
             if record is not None and not math.isclose(float(record["spec"]["lr"]), lr, rel_tol=1e-6):
                 logger.warning("%s: made at lr %s, not the batch's chosen %s (amendment 4 moved it): left out until "
@@ -115,7 +115,8 @@ def load_batch(study: Recorded, plan: Plan, tokens: int) -> dict[str, list[dict[
 
 def fit_study(study: Recorded, plan: Plan, *, batches: Sequence[int]) -> dict[str, Any]:
     """Every batch's figures, the fits per optimizer and target, K-FAC's time to LAMB's final; writes
-    ``summary.json`` and ``scaling.png`` into the study's results."""
+    ``summary.json`` and ``scaling.png`` into the study's results (``summary_<candidate>.json`` and
+    ``scaling_<candidate>.png`` for a candidate's reruns)."""
     per_batch: dict[int, dict[str, Any]] = {}
     plateau = None
     for tokens in batches:
@@ -158,11 +159,14 @@ def fit_study(study: Recorded, plan: Plan, *, batches: Sequence[int]) -> dict[st
     summary = {"plateau": plateau, "targets": targets, "noise_tokens": plan.noise_tokens,
                "kfac_to_lamb_critical_batch": ratios,
                "per_batch": {str(k): v for k, v in per_batch.items()}, "fits": fits, "machine": study.machine}
+    if study.candidate:
+        summary["candidate"] = dict(study.candidate)
+    suffix = f"_{candidate_name(study.candidate)}" if study.candidate else ""
     study.results.mkdir(parents=True, exist_ok=True)
-    (study.results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (study.results / f"summary{suffix}.json").write_text(json.dumps(summary, indent=1) + "\n")
     from benchmarks.convergence.scaling_plots import plot_scaling
 
-    plot_scaling(summary, out=study.results / "scaling.png")
+    plot_scaling(summary, out=study.results / f"scaling{suffix}.png")
     return summary
 
 

@@ -10,26 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from benchmarks.convergence.regimes import Regime
 from benchmarks.convergence.runner import TUNE_SEED, RunSpec
-from benchmarks.convergence.scaling import Study, kfac_spec
-
-
-def _slug(value: Any) -> str:
-    """A kfac value as a file name's part: a number or word as it is, a list or schedule as its JSON's letters, digits,
-    dots and dashes."""
-    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
-    return re.sub(r"[^A-Za-z0-9.\-]", "", text)
+from benchmarks.convergence.scaling import Study, candidate_name, kfac_spec
 
 
 def probe_name(*, lr_scale: float, kfac: dict[str, Any]) -> str:
     """The record's name: what the probe changed from ``{"enabled": true}`` at LAMB's rate."""
     changes = [f"lrx{lr_scale:g}"] if lr_scale != 1.0 else []
-    changes += [f"{key}{_slug(value)}" for key, value in sorted(kfac.items())]
+    changes += [candidate_name(kfac)] if kfac else []
     return "kfac_defaults" + "".join(f"_{c}" for c in changes)
 
 

@@ -274,3 +274,54 @@ def test_a_stage_without_batches_runs_the_models_studied_batches() -> None:
                steps={str(b): 12 for b in QUICK.batches})
     assert chosen_batches(toy, argparse.Namespace(batches=None, model_size="mini", quick=True)) == QUICK.batches
     assert QUICK.seeds_for(512, toy.batches, model_size="mini") == QUICK.largest_seeds
+
+
+def test_a_candidates_report_reruns_both_runs_of_each_pair_into_its_own_folder(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Amendment 9's reruns: the candidate's keys reach K-FAC's run, LAMB's twin runs again beside it (the same day,
+    so the pair's times compare), and neither touches today's defaults' records in ``report/``."""
+    from benchmarks.convergence import scaling
+    from benchmarks.convergence.scaling import Study
+
+    regime = RULE.regime_for(2048, steps=100)
+    (tmp_path / regime.name).mkdir()
+    (tmp_path / regime.name / "chosen.json").write_text(json.dumps({"lamb": {"lr": 0.01}}))
+    ran: list[tuple[Path, Any]] = []
+    monkeypatch.setattr(scaling, "run", lambda spec, regime, parts, **kw: ran.append((kw["record"], spec.kfac)) or {})
+    for candidate in ({}, {"max_factor_ratio": 2}):
+        Study(parts=None, vocab=tmp_path, work=tmp_path, results=tmp_path, machine={},  # type: ignore[arg-type]
+              candidate=candidate).report(regime, seeds=(1,))
+    folder = tmp_path / regime.name
+    assert ran == [(folder / "report" / "lamb_lr0.01_seed1.json", None),
+                   (folder / "report" / "kfac_defaults_seed1.json", {}),
+                   (folder / "report_max_factor_ratio2" / "lamb_lr0.01_seed1.json", None),
+                   (folder / "report_max_factor_ratio2" / "kfac_defaults_seed1.json", {"max_factor_ratio": 2})]
+
+
+def test_a_candidates_fit_reads_its_own_pairs_and_writes_beside_the_defaults_summary(tmp_path: Path) -> None:
+    """The fit of a candidate's reruns, where only some batches have them: those batches, from their own folder, into
+    ``summary_<candidate>.json``; the defaults' summary is left as it was."""
+    from benchmarks.convergence.cli import main
+
+    results = committed_records(tmp_path)
+    before = (results / "summary.json").read_text()
+    report = results / "b4096" / "report"
+    shutil.copytree(report, results / "b4096" / "report_max_factor_ratio2")
+    kfac = json.loads((report / "kfac_defaults_seed1.json").read_text())
+    kfac["train_seconds"] /= 2  # the candidate's cheaper steps, to see that the fit read these records
+    (results / "b4096" / "report_max_factor_ratio2" / "kfac_defaults_seed1.json").write_text(json.dumps(kfac))
+    summary = main(["scaling", "--stage", "fit", "--results", str(results), "--kfac-set", "max_factor_ratio=2"])
+    assert list(summary["per_batch"]) == ["4096"] and summary["candidate"] == {"max_factor_ratio": 2}
+    committed = json.loads(before)["per_batch"]["4096"]["kfac_to_lamb_final"]["time_ratio"]
+    assert summary["per_batch"]["4096"]["kfac_to_lamb_final"]["time_ratio"]["mean"] < committed["mean"]
+    assert json.loads((results / "summary_max_factor_ratio2.json").read_text())["candidate"] == {"max_factor_ratio": 2}
+    assert (results / "scaling_max_factor_ratio2.png").is_file() and (results / "summary.json").read_text() == before
+
+
+def test_the_rule_stages_refuse_the_keys_they_do_not_read() -> None:
+    from benchmarks.convergence.cli import main
+
+    with pytest.raises(SystemExit, match="--kfac-set: --stage tune does not read it"):
+        main(["scaling", "--stage", "tune", "--text", "absent.txt", "--kfac-set", "max_factor_ratio=2"])
+    with pytest.raises(SystemExit, match="--kfac-lr-scale: only --stage probe"):
+        main(["scaling", "--stage", "report", "--text", "absent.txt", "--kfac-lr-scale", "2"])
