@@ -308,7 +308,7 @@ def test_a_candidates_fit_reads_its_own_pairs_and_writes_beside_the_defaults_sum
     report = results / "b4096" / "report"
     shutil.copytree(report, results / "b4096" / "report_max_factor_ratio2")
     kfac = json.loads((report / "kfac_defaults_seed1.json").read_text())
-    kfac["train_seconds"] /= 2  # the candidate's cheaper steps, to see that the fit read these records
+    kfac["curve"]["seconds"] = [t / 2 for t in kfac["curve"]["seconds"]]  # cheaper steps: the fit read this folder
     (results / "b4096" / "report_max_factor_ratio2" / "kfac_defaults_seed1.json").write_text(json.dumps(kfac))
     summary = main(["scaling", "--stage", "fit", "--results", str(results), "--kfac-set", "max_factor_ratio=2"])
     assert list(summary["per_batch"]) == ["4096"] and summary["candidate"] == {"max_factor_ratio": 2}
