@@ -32,7 +32,8 @@ from benchmarks.convergence.scaling import QUICK, RULE, Plan, Recorded, Rule, St
 from benchmarks.harness.machine import machine
 
 REPO = Path(__file__).resolve().parents[2]
-STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", "rate", "eigenvalues", "one-sided")
+RECORDS_ONLY = ("rate", "eigenvalues", "one-sided")  # rule stages over both models' recorded probes
+STAGES = ("text", "plan", "tune", "edges", "report", "fit", "probe", *RECORDS_ONLY)
 VOCAB_SIZE = 8192
 
 
@@ -164,10 +165,20 @@ def one_sided_stage(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def main(args: argparse.Namespace) -> dict[str, Any]:
+def refuse_unread(args: argparse.Namespace) -> None:
+    """Options the stage does not read stop it, named (the records-only rule stages name theirs in probe_cells)."""
+    if args.stage in RECORDS_ONLY:
+        return
     if args.stage != "probe" and args.kfac_lr_scale != 1.0:
         raise SystemExit(f"--kfac-lr-scale: only --stage probe reads it (--stage {args.stage} runs K-FAC at LAMB's "
                          "rate, as the rule says)")
+    if args.stage not in ("probe", "report", "fit") and args.kfac_set:
+        raise SystemExit(f"--kfac-set: --stage {args.stage} does not read it (probe: a diagnostic; report and fit: a "
+                         "candidate default's reruns)")
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    refuse_unread(args)
     if args.stage == "text":
         path = write_text(rule_of(args), args.text)
         print(f"the study's text: {path} ({path.stat().st_size / 1e6:.1f} MB)")
@@ -185,9 +196,6 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         return eigenvalues_stage(args)
     if args.stage == "one-sided":
         return one_sided_stage(args)
-    if args.stage not in ("probe", "report") and args.kfac_set:
-        raise SystemExit(f"--kfac-set: --stage {args.stage} does not read it (probe: a diagnostic; report and fit: a "
-                         "candidate default's reruns)")
     study = study_of(args)
     rule: Rule = study.rule
     plan_path = study.results / "plan.json"
