@@ -3,6 +3,7 @@ fitted ``S(B)``), training time to target against batch, and K-FAC's per-step ov
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ def plot_scaling(summary: dict[str, Any], *, out: Path) -> None:
 
     per_batch = {int(k): v for k, v in summary["per_batch"].items()}
     batches = sorted(per_batch)
+    labels = dict(LABELS)
+    if summary.get("candidate"):  # a candidate default's reruns: say which K-FAC ran
+        keys = ", ".join(f'"{k}": {json.dumps(v)}' for k, v in summary["candidate"].items())
+        labels["kfac"] = f'K-FAC ({{"enabled": true, {keys}}}, LAMB\'s lr)'
     fig, (steps_ax, time_ax, cost_ax) = plt.subplots(1, 3, figsize=(18, 5.5))
     for opt in OPTIMIZERS:
         for style, target in zip(STYLES, summary["targets"]):
@@ -41,12 +46,12 @@ def plot_scaling(summary: dict[str, Any], *, out: Path) -> None:
                         xs.append(b)
                         ys.append(value)
                 if xs:
-                    ax.plot(xs, ys, style, color=COLOURS[opt], label=f"{LABELS[opt]}, loss {target:.2f}")
+                    ax.plot(xs, ys, style, color=COLOURS[opt], label=f"{labels[opt]}, loss {target:.2f}")
                 missed = not_reached(per_batch, opt, key)
                 if missed:
                     ax.scatter(missed, [0.97] * len(missed), marker=MISSED[STYLES.index(style)], s=60,
                                color=COLOURS[opt], transform=ax.get_xaxis_transform(), clip_on=False,
-                               label=f"{LABELS[opt]}: a seed never reached {target:.2f}")
+                               label=f"{labels[opt]}: a seed never reached {target:.2f}")
             fit = summary["fits"][opt][key]
             if fit["s_min"] is not None and fit["b_crit_tokens"] is not None and fit["b_crit_tokens"] > 0:
                 curve = [fit["s_min"] * (1 + fit["b_crit_tokens"] / b) for b in batches]

@@ -323,6 +323,24 @@ def test_a_candidates_fit_reads_its_own_pairs_and_writes_beside_the_defaults_sum
     assert (results / "scaling_max_factor_ratio2.png").is_file() and (results / "summary.json").read_text() == before
 
 
+def test_a_candidates_plot_names_the_candidate_in_its_legend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A reader of scaling_<candidate>.png must not take its K-FAC for ``{"enabled": true}``."""
+    import matplotlib.axes
+
+    labels: list[str] = []
+    original = matplotlib.axes.Axes.plot
+
+    def plot(self: Any, *args: Any, **kwargs: Any) -> Any:
+        labels.append(kwargs.get("label", ""))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    summary = json.loads((RECORDS / "summary.json").read_text())
+    plot_scaling({**summary, "candidate": {"max_factor_ratio": 2}}, out=tmp_path / "c.png")
+    assert any('"max_factor_ratio": 2' in label for label in labels)
+    assert not any('{"enabled": true}, ' in label for label in labels)
+
+
 def test_a_stage_that_tunes_lamb_refuses_a_candidates_keys() -> None:
     """LAMB's grid has no K-FAC run: a candidate named there would be silently dropped."""
     from benchmarks.convergence.cli import main
