@@ -305,22 +305,23 @@ def test_a_candidates_report_reruns_both_runs_of_each_pair_into_its_own_folder(
 
 def test_a_candidates_fit_reads_its_own_pairs_and_writes_beside_the_defaults_summary(tmp_path: Path) -> None:
     """The fit of a candidate's reruns, where only some batches have them: those batches, from their own folder, into
-    ``summary_<candidate>.json``; the defaults' summary is left as it was."""
+    ``summary_<candidate>.json``; the defaults' summary is left as it was. (A candidate no committed rerun has: the
+    committed ones are amendment 9's ``max_factor_ratio2``.)"""
     from benchmarks.convergence.cli import main
 
     results = committed_records(tmp_path)
     before = (results / "summary.json").read_text()
     report = results / "b4096" / "report"
-    shutil.copytree(report, results / "b4096" / "report_max_factor_ratio2")
+    shutil.copytree(report, results / "b4096" / "report_max_factor_ratio3")
     kfac = json.loads((report / "kfac_defaults_seed1.json").read_text())
     kfac["curve"]["seconds"] = [t / 2 for t in kfac["curve"]["seconds"]]  # cheaper steps: the fit read this folder
-    (results / "b4096" / "report_max_factor_ratio2" / "kfac_defaults_seed1.json").write_text(json.dumps(kfac))
-    summary = main(["scaling", "--stage", "fit", "--results", str(results), "--kfac-set", "max_factor_ratio=2"])
-    assert list(summary["per_batch"]) == ["4096"] and summary["candidate"] == {"max_factor_ratio": 2}
+    (results / "b4096" / "report_max_factor_ratio3" / "kfac_defaults_seed1.json").write_text(json.dumps(kfac))
+    summary = main(["scaling", "--stage", "fit", "--results", str(results), "--kfac-set", "max_factor_ratio=3"])
+    assert list(summary["per_batch"]) == ["4096"] and summary["candidate"] == {"max_factor_ratio": 3}
     committed = json.loads(before)["per_batch"]["4096"]["kfac_to_lamb_final"]["time_ratio"]
     assert summary["per_batch"]["4096"]["kfac_to_lamb_final"]["time_ratio"]["mean"] < committed["mean"]
-    assert json.loads((results / "summary_max_factor_ratio2.json").read_text())["candidate"] == {"max_factor_ratio": 2}
-    assert (results / "scaling_max_factor_ratio2.png").is_file() and (results / "summary.json").read_text() == before
+    assert json.loads((results / "summary_max_factor_ratio3.json").read_text())["candidate"] == {"max_factor_ratio": 3}
+    assert (results / "scaling_max_factor_ratio3.png").is_file() and (results / "summary.json").read_text() == before
 
 
 def test_a_candidates_plot_names_the_candidate_in_its_legend(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
