@@ -94,7 +94,8 @@ class KFACConfig:
         max_factor_dim: the largest factor kept whole; a larger one keeps only its diagonal (an untied LM head's
             vocabulary-sized G: 32,000² floats are 4 GB and their eigendecomposition takes minutes). None: no limit.
         max_factor_ratio: a dense factor more than this many times its layer's other side keeps only its diagonal
-            (one-sided rotation, as SOAP offers: a transformer MLP's 4× wider side). None: whole up to max_factor_dim.
+            (one-sided rotation, as SOAP offers: a transformer MLP's 4× wider side). None: every factor whole up to
+            max_factor_dim (both sides rotated, the default before amendment 9's reruns).
         max_statistic_rows: the most rows (tokens) one factor update takes in over every rank: past it, each pass's
             rows are sampled down (as ``factor_sample_fraction`` does) from the second update on, so the statistics'
             cost stops growing with the batch. None: every row.
@@ -126,7 +127,7 @@ class KFACConfig:
     factor_pass_fraction: float = 1.0
     max_decomposition_failures: int = 5
     max_factor_dim: int | None = DEFAULT_MAX_FACTOR_DIM
-    max_factor_ratio: float | None = None  # amendment 9 chose 2; it becomes the default with the reruns it asks for
+    max_factor_ratio: float | None = 2.0  # one-sided rotation: batch_scaling.md, Part 7 (amendment 9) and its reruns
     decomposition_budget: float = DECOMPOSITION_BUDGET
     max_statistic_rows: int | None = DEFAULT_MAX_STATISTIC_ROWS
     _compiled_skip: list[re.Pattern[str]] = field(default_factory=list, init=False, repr=False)

@@ -52,3 +52,27 @@ def test_skipping_one_sharer_leaves_the_other_to_the_optimizer(skipped: str) -> 
     decompose, on a gradient its factors do not describe)."""
     layers = discover_layers(TiedLM(), KFACConfig(skip_layers=[skipped]))
     assert sorted(layers) == ["hidden"]
+
+
+class MLPBlock(nn.Module):
+    """A transformer MLP: the intermediate layer's output and the output layer's input are 4x the hidden width."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+        self.attn = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(self.attn(x))))
+
+
+def test_the_default_rotates_only_the_narrow_side_of_a_transformer_mlp() -> None:
+    """Amendment 9 of batch_scaling.md: ``{"enabled": true}`` keeps the MLP's wide side (the intermediate layer's G,
+    the output layer's A) as its diagonal (a third of the step's overhead at BERT-mini's smallest batch); a square
+    layer keeps both sides whole, and ``"max_factor_ratio": null`` gives back both sides rotated everywhere."""
+    sides = {name: (layer.a.diagonal, layer.g.diagonal)
+             for name, layer in discover_layers(MLPBlock(), KFACConfig.from_dict({})).items()}
+    assert sides == {"attn": (False, False), "up": (False, True), "down": (True, False)}
+    both = discover_layers(MLPBlock(), KFACConfig.from_dict({"max_factor_ratio": None}))
+    assert all(not (layer.a.diagonal or layer.g.diagonal) for layer in both.values())
