@@ -126,8 +126,9 @@ def test_matches_dense_kronecker_reference(case: str, method: str) -> None:
     model = make_model()
     modules = _kfac_modules(model)
     rec = Recorder(modules)
+    # both sides whole (max_factor_ratio None): the full Kronecker math; the one-sided default is tested with LIMITS
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", compute_method=method,
-                                 decomposition_dtype="fp64")
+                                 decomposition_dtype="fp64", max_factor_ratio=None)
     model(make_input()).pow(2).mean().backward()
     raw = {n: _grad_matrix(m) for n, m in modules.items()}
     precond.step()
@@ -159,7 +160,7 @@ def test_half_precision_factors_match_the_dense_reference_within_documented_tole
     model = make_model()
     modules = {n: m for n, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Conv2d, nn.Embedding))}
     precond = KFACPreconditioner(model, damping=DAMPING, kl_clip=None, grafting="none", factor_dtype=dtype,
-                                 decomposition_dtype="fp64")
+                                 decomposition_dtype="fp64", max_factor_ratio=None)
     for _ in range(2):  # two passes: the half-precision window accumulates, as under gradient accumulation
         (model(make_input()).pow(2).mean() / 2).backward()
     raw = {n: _grad_matrix(m) for n, m in modules.items()}
