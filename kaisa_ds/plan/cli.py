@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "statistic rows per factor update)")
     k.add_argument("--compute-method", help=f"{', '.join(sorted(m.value for m in METHODS))} or auto")
     k.add_argument("--max-statistic-rows", type=int, help="the rows one factor update takes in over every rank")
+    k.add_argument("--max-factor-ratio", type=_ratio, help="a dense factor more than this many times its layer's "
+                   "other side keeps only its diagonal (default 2: one-sided rotation); 'none' rotates both sides")
     k.add_argument("--symmetry-aware", action=argparse.BooleanOptionalAction, default=None)
     k.add_argument("--factor-sample-fraction", type=float)
     k.add_argument("--factor-pass-fraction", type=float)
@@ -97,6 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--network-gbps", type=float, help="per-rank bandwidth, to count the collectives' time")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return p
+
+
+BOTH_SIDES = "none"  # --max-factor-ratio's value for None: every factor whole up to max_factor_dim
+
+
+def _ratio(text: str) -> float | str:
+    """``--max-factor-ratio``: a number, or ``none`` (both sides of every layer rotated)."""
+    if text.lower() in (BOTH_SIDES, "null"):
+        return BOTH_SIDES
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'none'") from None
 
 
 def _interval(text: str) -> int | str:
@@ -121,8 +136,9 @@ def kfac_config(args: argparse.Namespace, ds: dict[str, Any] | None, *, bert: bo
              "inv_update_steps": args.inv_update_steps, "compute_method": args.compute_method,
              "symmetry_aware": args.symmetry_aware, "factor_sample_fraction": args.factor_sample_fraction,
              "factor_pass_fraction": args.factor_pass_fraction, "skip_layers": args.skip_layers,
-             "max_statistic_rows": args.max_statistic_rows}
-    return KFACConfig.from_dict(options, **{key: v for key, v in flags.items() if v is not None})
+             "max_statistic_rows": args.max_statistic_rows, "max_factor_ratio": args.max_factor_ratio}
+    given = {key: (None if v == BOTH_SIDES else v) for key, v in flags.items() if v is not None}
+    return KFACConfig.from_dict(options, **given)
 
 
 def _kfac_section(ds: dict[str, Any], source: str) -> None:

@@ -1,8 +1,9 @@
 """The README's headline (the per-batch tables of the scaling study, BERT-tiny's and BERT-mini's, and the main job's
 sentence) says what its records say.
 
-A rerun rewrites ``benchmarks/results/convergence/scaling[_mini]/summary.json`` or the main job's ``seeds.json``;
-this test then fails until the README's figures follow, so the headline cannot drift from the measurements behind it.
+A rerun rewrites ``benchmarks/results/convergence/scaling[_mini]/summary_max_factor_ratio2.json`` or the main job's
+``seeds.json``; this test then fails until the README's figures follow, so the headline cannot drift from the
+measurements behind it.
 Figures are compared at the decimals the README prints.
 """
 
@@ -18,11 +19,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 RESULTS = REPO / "benchmarks/results/convergence"
-SEEDS = REPO / "benchmarks/results/mission/seeds_batch8192/seeds.json"
+# the records of today's defaults: one-sided rotation's reruns, run before it became the default, so they name the
+# key (``_max_factor_ratio2``, ``_one_sided``); batch_scaling.md, "The answer today"
+SEEDS = REPO / "benchmarks/results/mission/seeds_batch8192_one_sided/seeds.json"
 COLUMNS = " | K-FAC's time to LAMB's final loss, × LAMB's |"
 # each per-batch table of the README (by the first cell of its header) and the study summary it must follow
 TINY, MINI = "| tokens a step", "| BERT-mini, tokens a step"
-TABLES = {TINY: RESULTS / "scaling/summary.json", MINI: RESULTS / "scaling_mini/summary.json"}
+TABLES = {TINY: RESULTS / "scaling/summary_max_factor_ratio2.json",
+          MINI: RESULTS / "scaling_mini/summary_max_factor_ratio2.json"}
 SPREAD = re.compile(r"^(?P<mean>\d+\.\d+)(?: ± (?P<std>\d+\.\d+))?$")
 REACHED = re.compile(r"^(?P<k>\d+) of (?P<n>\d+)$")
 NEVER = "never"  # the time cell of a batch where no seed reached LAMB's final loss
@@ -85,7 +89,8 @@ def test_row_matches_the_fit(header: str, cells: list[str]) -> None:
         if match["std"] is not None:
             assert float(match["std"]) == pytest.approx(versus["time_ratio"]["std"], abs=0.0051), tokens
         assert float(steps) == pytest.approx(versus["step_ratio"]["mean"], abs=0.0051), tokens
-    assert float(overhead.rstrip("%")) == pytest.approx(100 * per_batch[tokens]["kfac_step_overhead"], abs=0.051)
+    overhead_percent = float(overhead.rstrip("%").replace("−", "-"))  # a negative overhead: timing noise
+    assert overhead_percent == pytest.approx(100 * per_batch[tokens]["kfac_step_overhead"], abs=0.051)
 
 
 def test_the_main_job_sentence_matches_its_seeds() -> None:

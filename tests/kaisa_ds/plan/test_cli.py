@@ -13,7 +13,8 @@ from kaisa_ds.plan.cli import main
 def test_bert_large_plans_from_flags_with_json(capsys: pytest.CaptureFixture[str]) -> None:
     main(["--model", "large", "--world", "64", "--micro-batch", "64", "--seq", "128", "--grad-worker-fraction",
           "0.5", "--factor-dtype", "fp16", "--json", "--gemm-gflops", "100000", "--eigh-seconds", "1024=0.02",
-          "4096=0.5", "--factor-update-steps", "5", "--inv-update-steps", "50", "--compute-method", "eigen"])
+          "4096=0.5", "--factor-update-steps", "5", "--inv-update-steps", "50", "--compute-method", "eigen",
+          "--max-factor-ratio", "none"])  # both sides rotated: the MLP's 4096-wide factors are decomposed
     plan = json.loads(capsys.readouterr().out)
     assert plan["layers"] == 24 * 6 and plan["factors"] == 24 * 10  # q/k/v share one A factor per layer
     assert plan["grad_workers"] == 32 and plan["strategy"] == "HYBRID-OPT"
@@ -236,9 +237,10 @@ def test_any_transformers_model_plans_from_its_config_json(tmp_path: Path, capsy
 
 def test_the_plan_predicts_the_cost_rules_interval_from_the_rates(capsys: pytest.CaptureFixture[str]) -> None:
     """With eigh timings and a baseline step, the planner sets ``"auto"`` as the run would: decompositions at most
-    1.5% of a step. BERT-mini's round on one rank: 8 factors of 256/257 and 4 of 1024/1025 at the given timings."""
-    common = ["--model", "mini", "--world", "1", "--micro-batch", "64", "--seq", "128", "--json",
-              "--gemm-gflops", "50", "--eigh-seconds", "256=0.01", "1024=0.2"]
+    1.5% of a step. BERT-mini's round on one rank, both sides rotated: 8 factors of 256/257 and 4 of 1024/1025 at
+    the given timings."""
+    common = ["--model", "mini", "--world", "1", "--micro-batch", "64", "--seq", "128", "--json", "--max-factor-ratio",
+              "none", "--gemm-gflops", "50", "--eigh-seconds", "256=0.01", "1024=0.2"]
     main([*common, "--step-seconds", "2.0"])
     slow_step = json.loads(capsys.readouterr().out)
     main([*common, "--step-seconds", "200.0"])
@@ -248,3 +250,22 @@ def test_the_plan_predicts_the_cost_rules_interval_from_the_rates(capsys: pytest
     assert rules[1] == 5 and fast_rounds["inv_update_steps"] == 10  # negligible rounds: the rows rule's 10
     main(["--model", "mini", "--world", "1", "--json"])
     assert json.loads(capsys.readouterr().out)["inv_update_steps_cost_rule"] is None  # no rates: not predicted
+
+
+def test_the_default_plan_decomposes_no_mlp_wide_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """One-sided rotation (the default ``max_factor_ratio`` 2) keeps BERT-Large's 4096-wide MLP sides diagonal: no
+    rank then holds a factor that outweighs its share, and each decomposition round is far smaller than with both
+    sides rotated."""
+    common = ["--model", "large", "--world", "64", "--micro-batch", "64", "--seq", "128", "--json",
+              "--grad-worker-fraction", "hybrid-opt"]
+    main(common)
+    one_sided = json.loads(capsys.readouterr().out)
+    main([*common, "--max-factor-ratio", "none"])
+    both = json.loads(capsys.readouterr().out)
+    assert both["decomposition_imbalance_bound"] > 1.2 and one_sided["decomposition_imbalance_bound"] < 1.1
+    assert one_sided["memory_bytes_per_rank"] < both["memory_bytes_per_rank"]
+
+
+def test_a_bad_max_factor_ratio_names_the_flag() -> None:
+    with pytest.raises(SystemExit):
+        main(["--model", "tiny", "--world", "1", "--max-factor-ratio", "wide"])
