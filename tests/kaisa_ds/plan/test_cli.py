@@ -254,8 +254,7 @@ def test_the_plan_predicts_the_cost_rules_interval_from_the_rates(capsys: pytest
 
 def test_the_default_plan_decomposes_no_mlp_wide_side(capsys: pytest.CaptureFixture[str]) -> None:
     """One-sided rotation (the default ``max_factor_ratio`` 2) keeps BERT-Large's 4096-wide MLP sides diagonal: no
-    rank then holds a factor that outweighs its share, and each decomposition round is far smaller than with both
-    sides rotated."""
+    rank then holds a factor that outweighs its share, and each rank holds less than with both sides rotated."""
     common = ["--model", "large", "--world", "64", "--micro-batch", "64", "--seq", "128", "--json",
               "--grad-worker-fraction", "hybrid-opt"]
     main(common)
@@ -266,6 +265,8 @@ def test_the_default_plan_decomposes_no_mlp_wide_side(capsys: pytest.CaptureFixt
     assert one_sided["memory_bytes_per_rank"] < both["memory_bytes_per_rank"]
 
 
-def test_a_bad_max_factor_ratio_names_the_flag() -> None:
+def test_a_bad_max_factor_ratio_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--model", "tiny", "--world", "1", "--max-factor-ratio", "wide"])
+    err = capsys.readouterr().err
+    assert "--max-factor-ratio" in err and "'wide' is neither a number nor 'none'" in err
